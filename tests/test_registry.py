@@ -1,0 +1,80 @@
+"""Plan registry: versions, lineage, atomic ACTIVE, rollback, concurrent publishers."""
+import json
+import multiprocessing as mp
+
+import pytest
+
+from mjoin.lake import Lake
+from mjoin.plan import PlanError, make_plan, orders_from_permutation
+from mjoin.registry import PlanRegistry, RegistryError
+
+
+def plan_for(query, perm):
+    return make_plan(query, orders_from_permutation(query, perm), "fixed")
+
+
+def test_publish_activate_rollback(lake, seed_query):
+    reg = PlanRegistry(lake, seed_query.name)
+    assert reg.active() is None and reg.versions() == []
+    v1 = reg.publish(plan_for(seed_query, ["cu", "sr", "wr", "cr"]), {"run": "r1", "statistics": "s1"})
+    v2 = reg.publish(plan_for(seed_query, ["cr", "wr", "sr", "cu"]), {"run": "r2"})
+    assert (v1, v2) == (1, 2)
+    assert reg.active() is None  # publishing does not activate
+    reg.activate(1, by="r1")
+    reg.activate(2, by="r2")
+    assert reg.active(seed_query).version == 2
+    assert reg.lineage(1)["statistics"] == "s1"
+    rec = reg.rollback(by="test")
+    assert rec.version == 1 and rec.previous == 2
+    assert reg.active_version() == 1
+    assert [a["version"] for a in reg.activations()] == [1, 2, 1]
+    hist = reg.history()
+    assert [h["active"] for h in hist] == [True, False]
+
+
+def test_errors(lake, seed_query, two_class_query):
+    reg = PlanRegistry(lake, seed_query.name)
+    with pytest.raises(RegistryError, match="nothing to roll back"):
+        reg.rollback()
+    with pytest.raises(RegistryError, match="no such version"):
+        reg.activate(3)
+    with pytest.raises(PlanError, match="registry is for"):
+        reg.publish(plan_for(two_class_query, ["sr", "cu", "wr", "cr"]))
+
+
+def test_namespaces_are_separate(tmp_path, seed_query):
+    live = PlanRegistry(Lake(str(tmp_path)), seed_query.name)
+    evaluation = PlanRegistry(Lake(str(tmp_path), namespace="eval/backfill1"), seed_query.name)
+    live.activate(live.publish(plan_for(seed_query, ["cu", "sr", "wr", "cr"])))
+    evaluation.publish(plan_for(seed_query, ["cr", "wr", "sr", "cu"]))
+    assert live.versions() == [1] and evaluation.versions() == [1]
+    assert evaluation.active() is None and live.active_version() == 1
+
+
+def _publish_many(root, name, n, out):
+    from mjoin.query import load_query
+
+    q = load_query(name)
+    reg = PlanRegistry(Lake(root), q.name)
+    got = []
+    for _ in range(n):
+        v = reg.publish(plan_for(q, ["cu", "sr", "wr", "cr"]))
+        reg.activate(v, by=str(v))
+        got.append(v)
+    out.put(got)
+
+
+def test_concurrent_publishers_never_collide(tmp_path, seed_query):
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_publish_many, args=(str(tmp_path), seed_query.name, 15, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    versions = sorted(v for _ in procs for v in out.get(timeout=60))
+    for p in procs:
+        p.join()
+    assert versions == list(range(1, 46))  # every publish got its own version
+    reg = PlanRegistry(Lake(str(tmp_path)), seed_query.name)
+    assert len(reg.activations()) == 45  # no activation lost
+    active = json.loads((tmp_path / "plans" / seed_query.name / "ACTIVE").read_text())
+    assert active["version"] in versions
