@@ -8,15 +8,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # spark-submit and airflow are only on PATH with the venv's bin/ first.
+# (Airflow's own settings: include/mjoin/airflow_env.py, used by the demo, `make airflow` and the tests.)
 export PATH := $(VENV)/bin:$(PATH)
-# Airflow lives in the project: SQLite metadata DB, our dags/ and plugins/.
-export AIRFLOW_HOME ?= $(CURDIR)/.airflow
-export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
-export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
-export AIRFLOW__CORE__LOAD_EXAMPLES := False
-# 2 cores: LocalExecutor would start 32 workers (1.3 GB idle) by default.
-export AIRFLOW__CORE__PARALLELISM ?= 4
-export AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG ?= 2
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 

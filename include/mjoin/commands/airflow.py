@@ -1,0 +1,48 @@
+"""python -m mjoin airflow: start Airflow on this project's dags/ and plugins/ (UI on :8080)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+NAME = "airflow"
+HELP = "start Airflow (api-server, scheduler, dag-processor, triggerer) on the project's DAGs"
+DESCRIPTION = """Start `airflow standalone` with the project's environment: AIRFLOW_HOME=.airflow
+(SQLite), dags/ and plugins/ of this checkout, parallelism sized for 2 cores, the
+Spark connection spark_default -> local[*]. The UI is on http://localhost:PORT; log in
+as admin with the password the simple auth manager writes to
+$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated (printed below once it exists).
+Runs made by `make demo` (airflow dags test) are visible here. Stop with Ctrl-C."""
+
+
+def add_arguments(p):
+    p.add_argument("--port", type=int, default=int(os.environ.get("AIRFLOW__API__PORT", 8080)), help="UI/API port (default 8080)")
+    p.add_argument("--home", help="AIRFLOW_HOME (default .airflow in the project)")
+    p.add_argument("--lake", help="lake root the DAGs use (default: MJOIN_LAKE or .lake)")
+
+
+def run(args) -> int:
+    from ..airflow_env import admin_password, airflow_cmd, airflow_env, ensure_db
+
+    env = airflow_env(args.home, args.lake)
+    env["AIRFLOW__API__PORT"] = str(args.port)
+    ensure_db(env)
+    print(f"Airflow home {env['AIRFLOW_HOME']}, DAGs from {env['AIRFLOW__CORE__DAGS_FOLDER']}")
+    print(f"UI: http://localhost:{args.port}  (user admin)")
+
+    def announce():
+        for _ in range(240):
+            pw = admin_password(env)
+            if pw:
+                print(f"\n*** log in as admin / {pw}  "
+                      f"(from {Path(env['AIRFLOW_HOME']) / 'simple_auth_manager_passwords.json.generated'})\n", flush=True)
+                return
+            time.sleep(1)
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        airflow_cmd(["standalone"], env, check=False)
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,99 @@
+"""HTML and JSON views of the lake's plan registries and reports (for the Airflow plugin).
+
+Pure rendering over files (no Airflow import): what queries have plans, which
+version is active, each version's lineage, the recent re-optimization
+outcomes (``<lake>/reports/<query>/outcomes.jsonl``, written by the DAG's
+record step) and the evaluation reports (``<lake>/reports/<query>/*.html``).
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+
+from . import fsutil
+from .lake import Lake
+from .registry import PlanRegistry
+
+OUTCOMES = "outcomes.jsonl"
+
+
+def _lake(lake: Lake | None) -> Lake:
+    return lake or Lake.default()
+
+
+def queries_with_plans(lake: Lake | None = None) -> list[str]:
+    lake = _lake(lake)
+    root = fsutil.join(lake.root, "plans")
+    names = set(fsutil.listdir(root))
+    names |= set(fsutil.listdir(fsutil.join(lake.root, "reports")))
+    return sorted(n for n in names if not n.startswith("."))
+
+
+def read_outcomes(lake: Lake, query: str, limit: int | None = None) -> list[dict]:
+    path = fsutil.join(lake.reports(query), OUTCOMES)
+    if not fsutil.exists(path):
+        return []
+    rows = [json.loads(line) for line in fsutil.read_text(path).splitlines() if line.strip()]
+    return rows[-limit:] if limit else rows
+
+
+def registry_json(lake: Lake | None = None) -> dict:
+    lake = _lake(lake)
+    out = {}
+    for q in queries_with_plans(lake):
+        reg = PlanRegistry(lake, q)
+        out[q] = {"active": reg.active_version(), "versions": reg.history(), "activations": reg.activations(),
+                  "outcomes": read_outcomes(lake, q, limit=50),
+                  "reports": [n for n in fsutil.listdir(lake.reports(q)) if n.endswith(".html")]}
+    return out
+
+
+def report_file(query: str, name: str, lake: Lake | None = None) -> str | None:
+    """The local path of a report file, or None (unknown, outside the report folder, or remote)."""
+    lake = _lake(lake)
+    base = lake.reports(query)
+    if fsutil.is_url(base):
+        return None
+    base = os.path.realpath(base)
+    path = os.path.realpath(os.path.join(base, name))
+    if not path.startswith(base + os.sep) or not os.path.isfile(path):
+        return None
+    return path
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return str(v)
+
+
+def registry_page(lake: Lake | None = None) -> str:
+    lake = _lake(lake)
+    data = registry_json(lake)
+    parts = [f"<h1>mjoin</h1><p>lake <code>{html.escape(lake.root)}</code></p>"]
+    if not data:
+        parts.append("<p>No plans yet. Run <code>make demo</code> or trigger <code>mjoin_reoptimize</code>.</p>")
+    for q, info in data.items():
+        parts.append(f"<h2>{html.escape(q)}</h2><p>active version: <b>{info['active'] or 'none'}</b></p>")
+        if info["reports"]:
+            links = " ".join(f'<a href="reports/{html.escape(q)}/{html.escape(n)}">{html.escape(n)}</a>' for n in info["reports"])
+            parts.append(f"<p>reports: {links}</p>")
+        parts.append("<h3>versions</h3>" + _table(info["versions"], ["version", "active", "strategy", "created_at",
+                                                                    "estimated_cost", "run"]))
+        if info["outcomes"]:
+            parts.append("<h3>recent re-optimizations</h3>" + _table(list(reversed(info["outcomes"])), [
+                "interval_end", "status", "strategy", "version", "estimated_gain", "gates", "changes"]))
+    style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#eee}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>mjoin</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
