@@ -1,0 +1,164 @@
+"""mjoin_reoptimize: keep a multi-way stream join's probe orders optimal as its data changes.
+
+One run covers the period that just ended, [logical_date - period, logical_date):
+
+    prepare -> land -> check_input -> join (Spark) -> collect_statistics (Spark) -> check_statistics
+      -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
+
+A failed gate fails its task: the steps after it do not run and the active plan stays.
+A plan that is not better than the active one skips `deploy` ("no change"). `record`
+always runs and appends the outcome to the report. Logic lives in mjoin.reoptimize;
+this file only wires it.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs"
+SPARK_CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+
+
+def _params():
+    return {name: Param(default, type=typ, description=doc, **extra)
+            for name, (default, typ, extra, doc) in REOPTIMIZE_PARAMS.items()}
+
+
+def _config():
+    from mjoin.reoptimize import LoopConfig
+
+    ctx = get_current_context()
+    run = ctx["dag_run"]
+    params = dict(ctx["params"], period=PERIOD_MINUTES * 60)
+    return LoopConfig.from_params(params, run_id=run.run_id, run_type=str(getattr(run.run_type, "value", run.run_type)))
+
+
+def _step(fn, *args):
+    """Run a step; map its outcomes onto Airflow states (failed gate -> failed, no change -> skipped)."""
+    from mjoin.reoptimize import NoChange, StepFailed
+
+    try:
+        return fn(_config(), *args)
+    except NoChange as exc:
+        raise AirflowSkipException(str(exc))
+    except StepFailed as exc:
+        raise AirflowFailException(str(exc))
+
+
+@dag(
+    dag_id="mjoin_reoptimize",
+    description="statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan",
+    schedule=timedelta(minutes=PERIOD_MINUTES),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params=_params(),
+    default_args={"retries": 0},
+    tags=["mjoin"],
+    doc_md=__doc__,
+)
+def mjoin_reoptimize():
+    @task
+    def prepare():
+        from mjoin import reoptimize
+
+        return _step(lambda cfg: reoptimize.prepare(cfg, get_current_context()["logical_date"]))
+
+    @task
+    def land(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.land, ctx)
+
+    @task(trigger_rule="none_failed")
+    def check_input(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.check_input, ctx)
+
+    @task.branch
+    def join_mode(ctx: dict):
+        return "join" if ctx["mode"] == "cycle" else "collect_statistics"
+
+    @task
+    def check_statistics(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.check_statistics, ctx)
+
+    @task
+    def forecast(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.forecast, ctx)
+
+    @task
+    def check_forecast(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.check_forecast, ctx)
+
+    @task
+    def optimize(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.optimize, ctx)
+
+    @task
+    def check_plan(ctx: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.check_plan, ctx)
+
+    @task
+    def deploy(ctx: dict, gate: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.deploy, ctx, gate)
+
+    @task
+    def await_switch(ctx: dict, deployed: dict):
+        from mjoin import reoptimize
+
+        return _step(reoptimize.await_switch, ctx, deployed)
+
+    @task(trigger_rule="all_done")
+    def record(ctx: dict):
+        from mjoin import reoptimize
+
+        tis = get_current_context()["dag_run"].get_task_instances() if hasattr(get_current_context()["dag_run"], "get_task_instances") else []
+        states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in tis if ti.task_id != "record"}
+        return _step(reoptimize.record, ctx, states)
+
+    ctx = prepare()
+    landed = land(ctx)
+    gate_in = check_input(ctx)
+    mode = join_mode(ctx)
+    join = SparkSubmitOperator(
+        task_id="join", application=str(JOBS / "join.py"), application_args=ctx["join_args"],
+        conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, verbose=False)
+    stats = SparkSubmitOperator(
+        task_id="collect_statistics", application=str(JOBS / "stats.py"), application_args=ctx["stats_args"],
+        conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, verbose=False,
+        trigger_rule="none_failed_min_one_success")
+    gate_stats = check_statistics(ctx)
+    fc = forecast(ctx)
+    gate_fc = check_forecast(ctx)
+    cand = optimize(ctx)
+    gate_plan = check_plan(ctx)
+    deployed = deploy(ctx, gate_plan)
+    switched = await_switch(ctx, deployed)
+    done = record(ctx)
+
+    landed >> gate_in >> mode >> [join, stats]
+    join >> stats >> gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
+
+
+mjoin_reoptimize()
