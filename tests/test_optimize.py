@@ -8,7 +8,7 @@ import pytest
 
 from mjoin.cli import main
 from mjoin.cost import CostModel, JoinProblem, order_cost, plan_cost
-from mjoin.optimize import STRATEGIES, OptimizerError, compare, optimize
+from mjoin.optimize import STRATEGIES, OptimizerError, compare, optimize, probe_orders
 from mjoin.optimizers.dppick import dp_pick, get_sequences
 from mjoin.optimizers.exact import exact_dp
 from mjoin.optimizers.synthetic import query_from_edges, random_edges, random_statistics
@@ -42,6 +42,19 @@ def test_get_sequences_is_the_papers_dfs(seed_query, seed_stats):
         full = min(order_cost(problem, model, s, seq) for seq in get_sequences(problem, s, dedupe=False))
         assert dp_pick(problem, model)[s][1] == pytest.approx(full)
         assert dp_pick(problem, model, dedupe=False)[s][1] == pytest.approx(full)
+
+
+def test_probe_orders_from_the_query_alone(seed_query, two_class_query):
+    orders = list(probe_orders(seed_query, "cu", dedupe=False))
+    assert len(orders) == 36 and all(seed_query.expansion_error("cu", o) is None for o in orders)
+    assert len(list(probe_orders(seed_query))) == 4 * 36
+    # sr joins only cu (class c0); wr, cu, cr share class c1 (complete): from sr, cu comes
+    # first, then wr and cr in either order, each through cu, or cr through wr (and vice versa)
+    from_sr = list(probe_orders(two_class_query, "sr"))
+    assert sorted(from_sr) == sorted([
+        [("sr", "cu"), ("cu", "wr"), ("cu", "cr")], [("sr", "cu"), ("cu", "wr"), ("wr", "cr")],
+        [("sr", "cu"), ("cu", "cr"), ("cu", "wr")], [("sr", "cu"), ("cu", "cr"), ("cr", "wr")]])
+    assert len(list(probe_orders(two_class_query, "sr", dedupe=True))) == 2
 
 
 def test_plan_lineage_and_validation(seed_query, seed_stats, tmp_path):

@@ -248,6 +248,15 @@ class JoinProblem:
         window = np.array([stats.window_tuples(s, group) for s in names], dtype=float)
         return cls(names, classes, cl, gamma, mu, lam, kappa, window, group)
 
+    @classmethod
+    def from_query(cls, query) -> "JoinProblem":
+        """The join graph alone (statistics zero): enough to enumerate probe orders."""
+        from .statistics import EdgeStats, GroupStats, Statistics, StreamStats
+
+        g = GroupStats(streams={s: StreamStats(lam=0.0, kappa=0.0, window_tuples=0.0) for s in query.stream_names},
+                       edges={e: EdgeStats(gamma=0.0, mu=0.0) for e in query.directed_edges})
+        return cls.from_statistics(query, Statistics(query=query.name, groups={0: g}))
+
     # ---- the step of the model ------------------------------------------------------
     def step_classes(self, joined_mask: int, r: int) -> list[int]:
         """Attribute classes through which ``r`` can be looked up from the partial result."""

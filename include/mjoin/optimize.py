@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .cost import CostModel, JoinProblem, order_cost, pairs_to_names, resolve_cost_model, resolve_groups
 from .optimizers import baselines
-from .optimizers.dppick import DpPickTooLarge, dp_pick
+from .optimizers.dppick import DpPickTooLarge, dp_pick, get_sequences
 from .optimizers.exact import ExactTooLarge, exact_dp
 from .plan import Plan, make_plan
 from .query import stream_order_from
@@ -67,6 +67,16 @@ def get_strategy(name: str) -> Strategy:
         return STRATEGIES[name]
     except KeyError:
         raise OptimizerError(f"unknown strategy {name!r} (one of: {', '.join(STRATEGIES)})") from None
+
+
+def probe_orders(query, start: str | None = None, *, dedupe: bool = False) -> Iterator[list[tuple[str, str]]]:
+    """Every valid probe order (connected expansion) of ``start`` (of every stream if None):
+    the paper's getSequences on the query's join graph, as lists of ``(l, r)`` pairs.
+    ``dedupe=True`` keeps one order per choice of (stream, attribute class) at each step."""
+    problem = JoinProblem.from_query(query)
+    first = None if start is None else problem.index[start]
+    for seq in get_sequences(problem, first, dedupe=dedupe):
+        yield pairs_to_names(problem, seq)
 
 
 def search_orders(problem: JoinProblem, strategy: str | Strategy, model: CostModel, *, query=None,

@@ -22,8 +22,9 @@ from typing import Iterator
 
 from ..cost import CostModel, JoinProblem
 
-#: above this many streams dp_pick refuses (about (n-1)! sequences per stream; 11 -> 36 M)
-MAX_STREAMS = 11
+#: above this many streams dp_pick refuses: (n-1)! sequences per stream and a suffix memo of
+#: about e (n-1)! entries (n = 10: ~2 min and ~1 M memo entries per stream; n = 11: 10x that)
+MAX_STREAMS = 10
 
 
 class DpPickTooLarge(ValueError):
