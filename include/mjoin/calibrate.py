@@ -74,12 +74,19 @@ def read_observations(paths) -> tuple[list[dict], dict]:
     """Observations from metrics files: JSON lines (``.jsonl``), ``.json`` (one record or a
     list), or folders holding them. Returns ``(observations, counts)``; unreadable lines
     are counted (``bad_lines``), never silently dropped."""
+    from . import fsutil
     from .fsutil import read_text
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = []
     for p in paths:
+        if fsutil.is_url(p):  # hdfs://, s3://: one folder level
+            if fsutil.is_dir(p):
+                files += [fsutil.join(p, name) for name in fsutil.listdir(p) if name.endswith((".jsonl", ".json"))]
+            else:
+                files.append(str(p))
+            continue
         p = Path(p)
         if p.is_dir():
             files += sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json") and f.is_file())
@@ -94,7 +101,7 @@ def read_observations(paths) -> tuple[list[dict], dict]:
         except FileNotFoundError:
             raise CalibrationError(f"{f}: no such metrics file") from None
         docs = []
-        if f.suffix == ".json" and text.lstrip().startswith("["):
+        if str(f).endswith(".json") and text.lstrip().startswith("["):
             try:
                 docs = json.loads(text)
             except json.JSONDecodeError:

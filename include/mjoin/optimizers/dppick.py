@@ -12,9 +12,11 @@ Paper-faithful except for two things, both said where they happen:
   ``dedupe=False`` is the paper's edge-by-edge DFS; the tests check both give the
   same minimum.
 - ``subMemo`` is cleared between start streams (memory: a memo over all starts holds
-  ~e*n! suffixes); a suffix from one start is never a suffix from another start when
-  ``l`` is the earliest joined stream of its class, so nothing is recomputed in
-  one-class queries.
+  about e*n! suffixes). In a one-class query every ``l`` is the start stream, so no
+  suffix of one start is a suffix of another and nothing is recomputed; in sparser
+  multi-class graphs a few shared suffixes may be computed twice (same result).
+- ``(n-1)!`` in the ``(n-1)! times more`` above is for one class: the paper's DFS picks
+  ``l`` among all joined streams, 1 * 2 * ... * (n-1) choices per order.
 """
 from __future__ import annotations
 
