@@ -37,6 +37,7 @@ class Plan:
     strategy: str
     orders: dict  # group -> {stream -> [(l, r), ...]}
     costs: dict = field(default_factory=dict)  # group -> {stream -> expected cost per new tuple}
+    group_costs: dict = field(default_factory=dict)  # group -> sum_s lambda_s * cost (expected cost per second)
     created_at: str = ""
     partitioning: dict | None = None
     source: dict = field(default_factory=dict)
@@ -51,6 +52,7 @@ class Plan:
             self.created_at = iso(datetime.now(timezone.utc))
         self.orders = {int(g): {s: [tuple(p) for p in pairs] for s, pairs in o.items()} for g, o in self.orders.items()}
         self.costs = {int(g): dict(c) for g, c in self.costs.items()}
+        self.group_costs = {int(g): c for g, c in self.group_costs.items()}
 
     # ---- reading -----------------------------------------------------------
     @property
@@ -124,6 +126,7 @@ class Plan:
                     "group": g,
                     "orders": {s: [list(p) for p in pairs] for s, pairs in self.orders[g].items()},
                     "costs": {s: _finite_or_none(c) for s, c in self.costs.get(g, {}).items()},
+                    **({"estimated_cost": _finite_or_none(self.group_costs[g])} if g in self.group_costs else {}),
                 }
                 for g in self.group_ids
             ],
@@ -145,6 +148,7 @@ class Plan:
             query=doc["query"], strategy=doc["strategy"], created_at=doc["created_at"],
             orders={g["group"]: g["orders"] for g in groups},
             costs={g["group"]: g.get("costs") or {} for g in groups},
+            group_costs={g["group"]: g["estimated_cost"] for g in groups if g.get("estimated_cost") is not None},
             partitioning=doc.get("partitioning"), source=doc.get("source") or {}, cost_model=doc.get("cost_model") or {},
             options=doc.get("options") or {}, estimated_cost=doc.get("estimated_cost"),
             query_fingerprint=doc.get("query_fingerprint"), version=doc.get("version"),
@@ -236,14 +240,16 @@ def orders_from_permutation(query, permutation: Sequence[str]) -> dict:
 
 
 def make_plan(query, orders: Mapping, strategy: str, *, costs: Mapping | None = None, partitioning=None,
-              source=None, cost_model=None, options=None, estimated_cost=None) -> Plan:
-    """Build and validate a plan. ``orders`` is ``{stream: pairs}`` (one group) or ``{group: {stream: pairs}}``."""
+              source=None, cost_model=None, options=None, estimated_cost=None, group_costs=None) -> Plan:
+    """Build and validate a plan. ``orders`` is ``{stream: pairs}`` (one group) or ``{group: {stream: pairs}}``;
+    ``group_costs`` is ``{group: expected cost per second}``."""
     if orders and all(isinstance(k, str) for k in orders):
         orders = {0: orders}
         costs = {0: costs} if costs else {}
     plan = Plan(query=query.name, strategy=strategy, orders=dict(orders), costs=dict(costs or {}),
                 partitioning=partitioning, source=dict(source or {}), cost_model=dict(cost_model or {}),
-                options=dict(options or {}), estimated_cost=estimated_cost, query_fingerprint=query.fingerprint)
+                options=dict(options or {}), estimated_cost=estimated_cost, query_fingerprint=query.fingerprint,
+                group_costs=dict(group_costs or {}))
     return plan.validate(query)
 
 

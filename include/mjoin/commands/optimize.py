@@ -1,0 +1,134 @@
+"""python -m mjoin optimize: statistics + cost model -> probe orders (a plan)."""
+from __future__ import annotations
+
+import json
+
+NAME = "optimize"
+HELP = "choose every stream's probe order from statistics (fixed, greedy, dppick, exact, ...)"
+DESCRIPTION = """Choose the probe order of every stream of a query from a statistics snapshot
+(measured or forecast) under the cost model, print the orders and their estimated
+costs, and write the plan (JSON, validated against the query).
+
+  python -m mjoin optimize --query tpcds_returns_by_address --stats stats.json \\
+      --strategy exact --out plan.json
+  python -m mjoin optimize --query tpcds_returns_by_address --stats stats.json --compare
+
+Costs: C_s is the expected cost of probing one new tuple of s; the plan's estimated
+cost is sum_s lambda_s * C_s per second (in seconds per second with a calibrated
+model, in model units with the uncalibrated defaults)."""
+
+
+def add_arguments(p):
+    from ..optimize import STRATEGIES
+
+    p.add_argument("--query", required=True, help="query spec path or name")
+    p.add_argument("--stats", required=True, help="statistics snapshot JSON (mjoin.statistics format)")
+    p.add_argument("--strategy", choices=list(STRATEGIES), metavar="NAME",
+                   help="one of: " + ", ".join(STRATEGIES))
+    p.add_argument("--initial-order", help="comma-separated permutation of the streams (fixed; default: spec order)")
+    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from python -m mjoin calibrate); "
+                   "default: uncalibrated defaults")
+    p.add_argument("--partitioning", metavar="RULE.json",
+                   help="key-to-group rule (JSON); default: the statistics' own rule, else one group")
+    p.add_argument("--out", metavar="PLAN.json", help="write the plan of --strategy here")
+    p.add_argument("--compare", action="store_true", help="run every strategy on these statistics and print "
+                   "their orders and estimated costs side by side")
+    p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+
+
+def run(args) -> int:
+    from ..cli import UserError
+    from ..cost import CostModelError, resolve_cost_model
+    from ..optimize import OptimizerError, compare, optimize
+    from ..query import load_query
+    from ..statistics import Statistics
+
+    if not args.strategy and not args.compare:
+        raise UserError("give --strategy NAME (or --compare)")
+    if args.out and not args.strategy:
+        raise UserError("--out writes the plan of --strategy: give --strategy too")
+    query = load_query(args.query)
+    stats = Statistics.load(args.stats)
+    try:
+        model = resolve_cost_model(args.cost_model)
+        partitioning = _load_rule(args.partitioning) if args.partitioning else None
+        initial = args.initial_order.split(",") if args.initial_order else None
+        source = {"statistics": str(args.stats)}
+        if args.cost_model:
+            source["cost_model"] = str(args.cost_model)
+        print(f"query {query.name}: statistics {args.stats} ({stats.kind}"
+              + (f", cycle {stats.cycle_start}" if stats.cycle_start else "") + ")")
+        print(f"cost model: {model.describe()}")
+        if args.compare:
+            plans, skipped = compare(query, stats, initial_order=initial, cost_model=model,
+                                     partitioning=partitioning, source=source)
+            _print_comparison(query, plans, skipped)
+        if args.strategy:
+            plan = optimize(query, stats, args.strategy, initial_order=initial, cost_model=model,
+                            partitioning=partitioning, source=source)
+            if args.json:
+                print(json.dumps(plan.to_json(), indent=2))
+            elif not args.compare:
+                _print_plan(query, stats, plan)
+            if args.out:
+                plan.save(args.out)
+                print(f"wrote {args.out} ({plan.strategy}, estimated cost {plan.estimated_cost:.6g}/s)")
+    except (OptimizerError, CostModelError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def _load_rule(path):
+    from ..cli import UserError
+    from ..fsutil import read_text
+
+    try:
+        rule = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not JSON ({exc})") from None
+    return rule.get("partitioning", rule) if isinstance(rule, dict) else rule
+
+
+def _fmt_order(start, pairs) -> str:
+    """``sr,wr,cr`` when every lookup goes from the start stream, else ``[l,r]`` pairs."""
+    if all(l == start for l, _ in pairs):
+        return ",".join(r for _, r in pairs)
+    return " ".join(f"[{l},{r}]" for l, r in pairs)
+
+
+def _print_plan(query, stats, plan):
+    print(f"strategy {plan.strategy}: estimated cost {plan.estimated_cost:.6g}/s (sum of lambda_s * C_s)")
+    width = max(len(s) for s in query.stream_names)
+    for g in plan.group_ids:
+        if len(plan.group_ids) > 1:
+            print(f"  group {g}: {plan.group_costs.get(g, float('nan')):.6g}/s")
+        for s in query.stream_names:
+            c = plan.cost(s, g)
+            lam = stats.lam(s, g)
+            print(f"  {s:<{width}}  {_fmt_order(s, plan.order(s, g)):<30}  C={c:<10.4g} lambda={lam:<8.4g} "
+                  f"lambda*C={lam * c:.4g}")
+
+
+def _print_comparison(query, plans, skipped):
+    if not plans:
+        print("no strategy could run")
+        return
+    ref = plans.get("exact")
+    groups = next(iter(plans.values())).group_ids
+    for g in groups:
+        if len(groups) > 1:
+            print(f"group {g}:")
+        streams = query.stream_names
+        orders = {name: [_fmt_order(s, p.order(s, g)) for s in streams] for name, p in plans.items()}
+        widths = [max(len(s), *(len(o[i]) for o in orders.values())) for i, s in enumerate(streams)]
+        head = f"  {'strategy':<18} {'cost/s':>12} {'vs exact':>9}  " + "  ".join(
+            f"{s:<{w}}" for s, w in zip(streams, widths))
+        print(head)
+        for name, p in plans.items():
+            cost = p.group_costs.get(g, p.estimated_cost) if len(groups) > 1 else p.estimated_cost
+            base = (ref.group_costs.get(g, ref.estimated_cost) if len(groups) > 1 else ref.estimated_cost) if ref else None
+            rel = f"{(cost / base - 1) * 100:+.1f}%" if base else "-"
+            print(f"  {name:<18} {cost:>12.6g} {rel:>9}  " + "  ".join(
+                f"{o:<{w}}" for o, w in zip(orders[name], widths)))
+    for name, why in skipped.items():
+        print(f"  {name:<18} skipped: {why}")
