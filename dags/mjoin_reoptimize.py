@@ -133,8 +133,9 @@ def mjoin_reoptimize():
     def record(ctx: dict):
         from mjoin import reoptimize
 
-        tis = get_current_context()["dag_run"].get_task_instances() if hasattr(get_current_context()["dag_run"], "get_task_instances") else []
-        states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in tis if ti.task_id != "record"}
+        ti = get_current_context()["ti"]
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+        states = {t: s for t, s in states.items() if t != ti.task_id}
         return _step(reoptimize.record, ctx, states)
 
     ctx = prepare()
