@@ -1,0 +1,23 @@
+"""Workloads: TPC-DS tables and synthetic drifting data as streams, and the lander that replays them.
+
+A workload is a folder::
+
+    <workload>/manifest.json                                   what it holds (manifest.py)
+    <workload>/streams/<source>/arrival=<epoch>/part-00000.parquet   the lake's input layout
+    <workload>/rejected/<source>/part-00000.parquet            rows without event time (event-time replay)
+    <workload>/query.yaml, schedule.parquet                    synthetic only: its spec, the schedule per cycle
+
+Public API: :func:`generate_tpcds`, :func:`generate_synthetic`, :func:`land`,
+:func:`load_manifest`, :func:`load_schedule`.
+"""
+from .errors import ScheduleError, WorkloadError
+from .lander import LandResult, LandedCycle, cycles_bound, land
+from .manifest import Manifest, load_manifest
+from .params import DEFAULT_CYCLE, DEFAULT_START
+from .tpcds_cache import ensure_tables
+from .tpcds_replay import TPCDS_QUERIES, generate_tpcds
+
+__all__ = [
+    "DEFAULT_CYCLE", "DEFAULT_START", "LandResult", "LandedCycle", "Manifest", "ScheduleError", "TPCDS_QUERIES",
+    "WorkloadError", "cycles_bound", "ensure_tables", "generate_tpcds", "land", "load_manifest",
+]
