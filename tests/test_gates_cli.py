@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +67,12 @@ def test_stats_and_forecast(seed_query, tmp_path, capsys):
     assert main(["check", "forecast", "--query", Q, "--forecast", str(ok), "--history", str(root)]) == 0
     fc.groups[0].edges[("cu", "sr")].gamma = float("nan")
     bad = fc.save(tmp_path / "fc_bad.json")
+    capsys.readouterr()
     assert main(["check", "forecast", "--query", Q, "--forecast", str(bad), "--history", str(root), "--quiet"]) == 1
-    assert capsys.readouterr().out.strip().endswith("FAILED, 19 expectations checked")
+    out = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"gate forecast \(tpcds_returns_by_address\): FAILED, \d+ expectations checked", out)
+    assert main(["check", "forecast", "--query", Q, "--forecast", str(bad), "--history", str(root)]) == 1
+    assert "forecast.gamma_finite failed on 1 row: gamma[cu][sr]@2026-01-01T00:12:00Z = NaN" in capsys.readouterr().out
 
 
 def test_plan_no_change_and_registry(seed_query, lake, tmp_path, capsys):

@@ -104,3 +104,16 @@ def test_every_expectation_is_documented():
     documented = set(re.findall(r"`((?:input|stats|forecast|plan)\.[a-z_]+)`", text))
     assert names - documented == set(), f"undocumented: {sorted(names - documented)}"
     assert documented - names == set(), f"documented but not defined: {sorted(documented - names)}"
+
+
+def test_gates_import_neither_spark_nor_airflow():
+    """House rule: pure gate logic imports no Spark and no Airflow (the Spark scan is imported on demand)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mjoin.gates, mjoin.gates.plan, mjoin.gates.input, mjoin.commands.check; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'great_expectations')))")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "include"), "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"  # GX too is imported only when a gate first runs

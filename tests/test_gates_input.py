@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -158,6 +159,25 @@ def test_config_errors(seed_query, good):
         run(seed_query, good, config=GateConfig(quiet_streams=("nope",)))
     with pytest.raises(GateConfigError, match="empty interval"):
         check_input(seed_query, good, END, START)
+
+
+def test_any_null_key_counts_once_with_two_keys(two_class_query, lake):
+    """cu has two join keys in the two-class query: a row with either key NULL counts once."""
+    good_lake(lake, two_class_query)
+    n = 40
+    cust = pa.array(list(range(n)), pa.int64(), mask=np.array([i < 5 for i in range(n)]))
+    addr = pa.array(list(range(n)), pa.int64(), mask=np.array([3 <= i < 10 for i in range(n)]))
+    write_stream_file(lake, two_class_query, "cu", A1, n, part=1,
+                      overrides={"c_customer_sk": cust, "c_current_addr_sk": addr})
+    con = duckdb.connect()
+    expected = con.execute(f"SELECT count(*) FILTER (WHERE c_customer_sk IS NULL OR c_current_addr_sk IS NULL) "
+                           f"FROM read_parquet('{lake.streams('customer')}/*/*.parquet')").fetchone()[0]
+    frames = summarize_input(two_class_query, lake, START, END, cycle=CYCLE)
+    cu = frames["streams"].set_index("where").loc["cu"]
+    assert cu["null_key_rows"] == expected == 10
+    assert run(two_class_query, lake).status == "passed"  # 10 of 140 rows: 7 % < 10 %
+    assert run(two_class_query, lake, config=GateConfig(null_key_fraction_max=0.05)).failed_expectations == [
+        "input.null_key_fraction_below_max"]
 
 
 @pytest.mark.parametrize("spec,arrow,ok", [

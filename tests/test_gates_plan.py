@@ -203,6 +203,7 @@ def test_partitioned_plan(seed_query):
 def test_prefilter_on_two_classes_is_invalid(two_class_query):
     plan = make_plan(two_class_query, orders_from_permutation(two_class_query, ["sr", "cu", "wr", "cr"]), "smj",
                      estimated_cost=1.0)
+    assert check_plan(two_class_query, plan).status == "passed"
     plan.options = {"prefilter": True}
     res = check_plan(two_class_query, plan)
     assert res.failed_expectations == ["plan.valid_for_query"]

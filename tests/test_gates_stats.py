@@ -222,3 +222,13 @@ def test_result_json_is_strict_and_names_values(seed_query, good):
     assert doc["failures"][0]["values"][0]["kappa_raw"] == "NaN"
     assert set(doc["gx_result"]) == {f"mjoin.stats.{s}.{seed_query.name}" for s in
                                      ("columns", "values", "coverage", "cycles", "history")}
+
+
+def test_unreadable_cycle_start_is_reported(seed_query, good):
+    bad = good.copy()
+    bad.loc[select(bad, entity="stream", stream="cu", cycle=cycle_iso(11)), "cycle_start"] = "yesterday-ish"
+    res = run(seed_query, bad)
+    # the row is reported, and its (cycle, stream) is then missing
+    assert res.failed_expectations == ["stats.cycle_start_readable", "stats.every_stream_present"]
+    f = next(f for f in res.failures if f.expectation == "stats.cycle_start_readable")
+    assert f.rendered == ["[cu]@yesterday-ish: cycle_start unreadable"]

@@ -1,6 +1,8 @@
 """python -m mjoin check {input,stats,forecast,plan}: run one data-quality gate from a shell."""
 from __future__ import annotations
 
+import logging
+
 NAME = "check"
 HELP = "run a data-quality gate (input, stats, forecast, plan) and print the failed expectations"
 DESCRIPTION = """Run one gate of the re-optimization loop outside Airflow.
@@ -90,6 +92,8 @@ def run(args) -> int:
     from ..gates import GateConfigError, StatisticsGateError
     from ..query import load_query
 
+    if not getattr(args, "verbose", False):  # the summary is printed below; the log line would repeat it
+        logging.getLogger("mjoin.gates").setLevel(logging.ERROR)
     query = load_query(args.query)
     cfg = _config(args)
     try:

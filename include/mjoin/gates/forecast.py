@@ -24,7 +24,7 @@ from .result import GateResult
 from .suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
                      forecast_values_suite)
 
-MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of a normal sample estimates sigma / 1.4826
+MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): for normal data sigma = 1.4826 x MAD
 
 
 def load_forecast(ref) -> Statistics:
@@ -88,7 +88,7 @@ def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig
     try:
         fc = load_forecast(forecast)
         problem = None
-    except (StatisticsError, SchemaError, json.JSONDecodeError) as exc:
+    except (StatisticsError, SchemaError, json.JSONDecodeError, KeyError, TypeError) as exc:
         fc, problem = None, str(exc)
     run.check(forecast_document_suite(query), pd.DataFrame({"where": ["forecast"], "schema_problem": [problem]}))
     if fc is None:

@@ -22,7 +22,7 @@ def missing_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def to_cycle(values) -> pd.Series:
-    """UTC timestamps from ISO strings, datetimes or epoch seconds (None stays NaT)."""
+    """UTC timestamps from ISO strings, datetimes or epoch seconds; None and unreadable values become NaT."""
     s = pd.Series(values)
     if s.empty:
         return pd.Series(pd.to_datetime([], utc=True))
@@ -30,7 +30,15 @@ def to_cycle(values) -> pd.Series:
         return pd.to_datetime(s, unit="s", utc=True)
     if pd.api.types.is_datetime64_any_dtype(s):
         return pd.to_datetime(s, utc=True)
-    return pd.to_datetime(s.map(lambda v: None if v is None or v != v else iso(v)), utc=True, format="ISO8601")
+
+    def one(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return None
+        try:
+            return iso(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return pd.to_datetime(s.map(one), utc=True, format="ISO8601")
 
 
 def where_label(entity, stream, right, group, cycle) -> str:
@@ -71,6 +79,12 @@ def tidy_frame(rows: pd.DataFrame, query) -> pd.DataFrame:
     ]
     df["where"] = [where_label(e, s, r, g, c) for e, s, r, g, c in
                    zip(df["entity"], df["stream"], df["right"], df["group"], df["cycle"])]
+    # a cycle_start that was given but cannot be read (None is allowed: a forecast may have none)
+    given = df["cycle_start"].map(lambda v: v is not None and not (isinstance(v, float) and v != v))
+    df["cycle_readable"] = (df["cycle"].notna() | ~given).astype(object)
+    unread = df["cycle"].isna() & given
+    if unread.any():
+        df.loc[unread, "where"] = df.loc[unread, "where"] + "@" + df.loc[unread, "cycle_start"].astype(str)
     df["key"] = df["entity"].astype(str) + "|" + df["where"]
     return df
 

@@ -53,10 +53,22 @@ def make_suite(name: str, expectations: Iterable):
     return gx.ExpectationSuite(name=name, expectations=list(expectations))
 
 
+def _quiet_gx_logging() -> None:
+    """GX logs hundreds of INFO lines at import (docs decorators, datasource loading); keep WARNING and
+    above unless the application configured the ``great_expectations`` logger itself."""
+    gx_log = logging.getLogger("great_expectations")
+    if gx_log.level == logging.NOTSET:
+        gx_log.setLevel(logging.WARNING)
+
+
+_quiet_gx_logging()  # before anything here imports great_expectations
+
+
 class GXRunner:
     """One ephemeral GX context with a pandas data source; one asset and validation definition per suite."""
 
     def __init__(self):
+        _quiet_gx_logging()
         import great_expectations as gx
         from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
                                                                 ProgressBarsConfig)

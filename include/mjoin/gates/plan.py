@@ -128,7 +128,10 @@ def check_plan(query, plan, *, active=None, cost_fn: CostFn | None = None,
                   "plan.improves_on_active"], f"the plan is for query {candidate.query!r}")
         return run.result()
 
-    problems = candidate.problems(query)
+    try:
+        problems = candidate.problems(query)
+    except Exception as exc:  # a malformed partitioning rule etc.: report it, never crash the gate
+        problems = [f"the plan cannot be checked against the query: {type(exc).__name__}: {exc}"]
     row["problems"] = "; ".join(problems) if problems else None
     with_cost = not problems
     if with_cost:
@@ -166,7 +169,10 @@ def _improvement(run: GateRun, query, candidate: Plan, active, cost_fn, cost_new
     run.details["diff"] = candidate.diff(active)
     if candidate.same_orders(active):
         run.note(f"the candidate has the same orders as the active plan v{active.version}")
-    problems = active.problems(query)
+    try:
+        problems = active.problems(query)
+    except Exception as exc:  # see check_plan
+        problems = [f"{type(exc).__name__}: {exc}"]
     if problems:
         run.note(f"the active plan v{active.version} is not valid for the query any more "
                  f"({'; '.join(problems)}); the candidate is not compared")

@@ -42,18 +42,15 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
 
     df = tidy_frame(history, query)
     ts0, ts1 = pd.Timestamp(t0), pd.Timestamp(t1)
-    known_cycle = df["cycle"].notna()
-    if (~known_cycle).any():
-        run.note(f"{int((~known_cycle).sum())} row(s) without cycle_start ignored")
-    df = df[known_cycle]
+    no_cycle = df["cycle"].isna()
     after = int((df["cycle"] >= ts1).sum())
     if after:
-        run.note(f"{after} row(s) at or after the interval end ignored")
+        run.note(f"{after} row(s) at or after the interval end not checked")
     inside = df[(df["cycle"] >= ts0) & (df["cycle"] < ts1)]
     before_end = df[df["cycle"] < ts1]
 
-    # values, uniqueness, query (rows of the interval)
-    run.check(stats_values_suite(query, cfg), inside)
+    # values, uniqueness, query: the rows of the interval, and rows that cannot be placed in time
+    run.check(stats_values_suite(query, cfg), pd.concat([inside, df[no_cycle]]))
 
     # completeness per cycle present in the interval
     present_cycles = sorted(inside["cycle"].unique())

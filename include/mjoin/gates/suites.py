@@ -123,13 +123,17 @@ def _value_rules(prefix: str, query) -> list:
     ``known``, ``key``. Row conditions cost a pandas ``query`` each (~7 ms); computed columns do not.
     """
     rules = [
-        expect("ExpectColumnValuesToBeInSet", _doc(f"{prefix}.for_this_query", f"every row is for query {query.name}"),
+        expect("ExpectColumnValuesToBeInSet", _doc(f"{prefix}.for_this_query", "every row names the query being checked"),
                f"statistics of another query cannot plan {query.name}", "{where}: query {query}",
                column="query", value_set=[query.name]),
         expect("ExpectColumnValuesToBeInSet", _doc(f"{prefix}.only_known_entities",
                                                     "every row is a stream or a directed edge of the join graph"),
                f"a stream or edge that is not in the join graph of {query.name} means mixed-up statistics",
                "{where}: {entity} is not in the join graph", column="known", value_set=[True]),
+        expect("ExpectColumnValuesToBeInSet", _doc(f"{prefix}.cycle_start_readable",
+                                                    "every row's cycle_start is a readable instant"),
+               "a row that cannot be placed in time cannot be part of a series", "{where}: cycle_start unreadable",
+               column="cycle_readable", value_set=[True]),
         expect("ExpectColumnValuesToBeUnique", _doc(f"{prefix}.one_row_per_entity_and_cycle",
                                                      "no stream or edge appears twice in one cycle and key group"),
                "two rows for one series make the history ambiguous", "{where} appears more than once", column="key"),
