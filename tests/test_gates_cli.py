@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from mjoin.cli import main
 from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.registry import PlanRegistry
-from test_gates_support import CYCLE, EPOCH0, cycle_iso, good_lake, history, snapshot, write_stream_file
+from test_gates_support import EPOCH0, cycle_iso, good_lake, history, snapshot, write_stream_file
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 Q = "tpcds_returns_by_address"
@@ -105,6 +104,14 @@ def test_user_errors_exit_2(seed_query, tmp_path, capsys):
                  cycle_iso(1), "--set", "min_histroy=3"]) == 2
     assert "unknown gate setting(s) min_histroy" in capsys.readouterr().err
     assert main(["check", "stats", "--query", "no_such_query", "--history", str(tmp_path), "--from", "0", "--to", "1"]) == 2
+    capsys.readouterr()
+    assert main(["check", "stats", "--query", Q, "--history", str(tmp_path), "--from", "noon", "--to", "1"]) == 2
+    assert "--from: 'noon' is not a time" in capsys.readouterr().err
+    assert main(["check", "input", "--query", Q, "--lake", str(tmp_path), "--from", "0", "--to", "60",
+                 "--cycle", "0s"]) == 2
+    capsys.readouterr()
+    assert main(["check", "input", "--query", Q, "--lake", str(tmp_path / "typo"), "--from", "0", "--to", "60"]) == 2
+    assert "no landed streams there" in capsys.readouterr().err
 
 
 def test_subprocess_exit_code(seed_query, tmp_path):

@@ -117,3 +117,17 @@ def test_gates_import_neither_spark_nor_airflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"  # GX too is imported only when a gate first runs
+
+
+def test_gx_context_is_reused_and_keeps_no_results(seed_query):
+    """One context per process; validation results are not accumulated in it."""
+    from mjoin.gates import check_plan
+    from mjoin.gates.gxengine import runner
+    from mjoin.plan import make_plan, orders_from_permutation
+
+    plan = make_plan(seed_query, orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"]), "x", estimated_cost=1.0)
+    first = runner()
+    for _ in range(3):
+        assert check_plan(seed_query, plan).passed
+    assert runner() is first
+    assert first.context.validation_results_store.list_keys() == []

@@ -9,7 +9,7 @@ import pytest
 
 from mjoin.gates import GateConfig, StatisticsGateError, check_statistics, read_history
 from mjoin.statistics import ROW_COLUMNS
-from test_gates_support import CYCLE, EPOCH0, cycle_iso, history, select
+from test_gates_support import CYCLE, cycle_iso, history, select
 
 # history of 12 cycles; the interval under test is the last two
 START, END = cycle_iso(10), cycle_iso(12)

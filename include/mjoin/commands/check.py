@@ -94,6 +94,7 @@ def run(args) -> int:
 
     if not getattr(args, "verbose", False):  # the summary is printed below; the log line would repeat it
         logging.getLogger("mjoin.gates").setLevel(logging.ERROR)
+    _check_times(args)
     query = load_query(args.query)
     cfg = _config(args)
     try:
@@ -106,6 +107,26 @@ def run(args) -> int:
     if result.no_change:
         print("no change: the active plan stays")
     return 0 if result.ok else 1
+
+
+def _check_times(args) -> None:
+    """--from, --to, --cycle readable (exit 2 naming the flag, not a traceback)."""
+    from ..cli import UserError
+    from ..timeutil import parse_duration, parse_time
+
+    for flag, attr in (("--from", "start"), ("--to", "end")):
+        if getattr(args, attr, None) is not None:
+            try:
+                parse_time(getattr(args, attr))
+            except ValueError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    if getattr(args, "cycle", None) is not None:
+        try:
+            seconds = parse_duration(args.cycle)
+        except ValueError as exc:
+            raise UserError(f"--cycle: {exc}") from None
+        if seconds <= 0:
+            raise UserError("--cycle must be positive")
 
 
 def _duration(text):
@@ -127,9 +148,15 @@ def _input(args, query, cfg):
     from ..gates import check_input
     from ..lake import Lake
 
+    from .. import fsutil
+    from ..cli import UserError
+
+    lake = Lake(args.lake)
+    if not fsutil.is_dir(lake.streams()):
+        raise UserError(f"--lake {args.lake}: no landed streams there ({lake.streams()} does not exist)")
     if args.engine:
         cfg = dataclasses.replace(cfg, input_engine=args.engine)
-    return check_input(query, Lake(args.lake), args.start, args.end, cycle=_duration(args.cycle), config=cfg)
+    return check_input(query, lake, args.start, args.end, cycle=_duration(args.cycle), config=cfg)
 
 
 def _stats(args, query, cfg):

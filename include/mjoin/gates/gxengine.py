@@ -23,7 +23,6 @@ from typing import Iterable
 
 from .result import FAILED, MAX_VALUES, Failure
 
-log = logging.getLogger(__name__)
 
 WHERE, ROW_ID = "where", "row_id"
 _lock = threading.Lock()
@@ -99,6 +98,11 @@ class GXRunner:
             result = vd.run(batch_parameters={"dataframe": frame},
                             result_format={"result_format": "SUMMARY", "partial_unexpected_count": MAX_VALUES,
                                            "unexpected_index_column_names": [WHERE, ROW_ID]})
+            # ValidationDefinition.run also keeps every result in the context's (in-memory) results
+            # store; the caller owns the result, so drop it there: a long-lived process must not grow
+            store = self.context.validation_results_store
+            for key in store.list_keys():
+                store.remove_key(key)
         return result.to_json_dict()
 
 

@@ -15,7 +15,6 @@ the driver; footers and hashes are still read with pyarrow.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import os
 from collections import defaultdict
@@ -28,13 +27,11 @@ import pyarrow.parquet as pq
 
 from .. import fsutil
 from ..timeutil import cycles as cycle_starts
-from ..timeutil import iso, parse_time
+from ..timeutil import iso, parse_duration, parse_time
 from .base import GateRun
 from .config import GateConfig, GateConfigError
 from .result import GateResult
 from .suites import input_files_suite, input_flow_suite, input_streams_suite
-
-log = logging.getLogger(__name__)
 
 _INT_BITS = {"short": 16, "int": 32, "long": 64}
 
@@ -280,7 +277,7 @@ def _rel(lake, path: str) -> str:
     return os.path.relpath(fsutil.resolve(path)[1], fsutil.resolve(root)[1])
 
 
-def summarize_input(query, lake, start, end, *, cycle: float | None = None, config: GateConfig | None = None,
+def summarize_input(query, lake, start, end, *, cycle: float | str | None = None, config: GateConfig | None = None,
                     spark=None) -> dict:
     """The three frames the input suites check: ``files``, ``streams``, ``flow`` (plus ``bounds``)."""
     cfg = config or GateConfig()
@@ -289,6 +286,9 @@ def summarize_input(query, lake, start, end, *, cycle: float | None = None, conf
         raise GateConfigError(f"quiet_streams names unknown stream(s) {', '.join(unknown)} "
                               f"(streams: {', '.join(query.stream_names)})")
     t0, t1 = parse_time(start).timestamp(), parse_time(end).timestamp()
+    cycle = None if cycle is None else parse_duration(cycle)
+    if cycle is not None and cycle <= 0:
+        raise GateConfigError("the cycle length must be positive")
     if t1 <= t0:
         raise GateConfigError(f"empty interval [{iso(t0)}, {iso(t1)})")
     lo, hi = t0 - cfg.late_tolerance_for(query), t1 + cfg.future_tolerance
@@ -365,11 +365,12 @@ def _nan(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def check_input(query, lake, start, end, *, cycle: float | None = None, config: GateConfig | None = None,
+def check_input(query, lake, start, end, *, cycle: float | str | None = None, config: GateConfig | None = None,
                 spark=None) -> GateResult:
     """Check the raw input landed for every stream of ``query`` with arrival in ``[start, end)``."""
     cfg = config or GateConfig()
     run = GateRun("input", query, cfg)
+    cycle = None if cycle is None else parse_duration(cycle)
     frames = summarize_input(query, lake, start, end, cycle=cycle, config=cfg, spark=spark)
     run.check(input_files_suite(query, cfg), frames["files"])
     run.check(input_streams_suite(query, cfg, cfg.late_tolerance_for(query)), frames["streams"])

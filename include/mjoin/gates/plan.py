@@ -13,7 +13,6 @@ been computed under different statistics) and is said in the result's notes.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from typing import Callable, Mapping
@@ -26,8 +25,6 @@ from .base import GateRun
 from .config import GateConfig, GateConfigError
 from .result import GateResult
 from .suites import plan_document_suite, plan_orders_suite
-
-log = logging.getLogger(__name__)
 
 CostFn = Callable[[Plan], float]
 

@@ -5,7 +5,7 @@ import pandas as pd
 
 from ..statistics import ROW_COLUMNS
 from ..timeutil import cycles as cycle_starts
-from ..timeutil import iso, parse_time
+from ..timeutil import iso, parse_duration, parse_time
 from .base import GateRun
 from .config import GateConfig
 from .frames import coverage_frame, missing_columns, tidy_frame, to_cycle
@@ -17,7 +17,7 @@ class StatisticsGateError(ValueError):
     """The statistics gate cannot run (e.g. no cycle length given or recorded)."""
 
 
-def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: float | None = None, *,
+def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: float | str | None = None, *,
                      config: GateConfig | None = None) -> GateResult:
     """Check the tidy statistics ``history`` (``ROW_COLUMNS``) for the interval ``[start, end)``.
 
@@ -33,11 +33,15 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
         run.skip(["stats.*"], f"the frame lacks column(s) {', '.join(missing_columns(history))}")
         return run.result()
 
-    if cycle_seconds is None:
+    if cycle_seconds is not None:
+        cycle_seconds = parse_duration(cycle_seconds)
+    else:
         recorded = pd.to_numeric(history.get("cycle_seconds"), errors="coerce").dropna() if "cycle_seconds" in history else []
         if len(recorded) == 0:
             raise StatisticsGateError("no cycle length given and none recorded in the statistics (cycle_seconds)")
         cycle_seconds = float(pd.Series(recorded).mode().iloc[0])
+    if not cycle_seconds > 0:
+        raise StatisticsGateError(f"cycle length {cycle_seconds!r} must be positive")
     run.details["cycle_seconds"] = cycle_seconds
 
     df = tidy_frame(history, query)
