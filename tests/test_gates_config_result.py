@@ -131,3 +131,18 @@ def test_gx_context_is_reused_and_keeps_no_results(seed_query):
         assert check_plan(seed_query, plan).passed
     assert runner() is first
     assert first.context.validation_results_store.list_keys() == []
+
+
+def test_expectation_that_could_not_run_is_a_failure():
+    """A GX metric error (e.g. a column missing from the frame) fails its expectation with the message."""
+    import pandas as pd
+
+    from mjoin.gates.gxengine import expect, make_suite, run_suite
+
+    suite = make_suite("mjoin.test.error", [
+        expect("ExpectColumnValuesToBeBetween", "test.needs_column", "why", "{where}", column="nope", min_value=0)])
+    gx = {}
+    (f,) = run_suite(suite, pd.DataFrame({"where": ["a"], "x": [1.0]}), gx)
+    assert f.expectation == "test.needs_column" and f.count == 1
+    assert f.rendered[0].startswith("could not be evaluated") and "nope" in f.rendered[0]
+    assert gx["mjoin.test.error"]["success"] is False
