@@ -1,0 +1,42 @@
+"""Bookkeeping shared by the gates: run suites on frames, collect failures, make the GateResult, log it."""
+from __future__ import annotations
+
+import logging
+
+from .gxengine import evaluated_names, run_suite
+from .result import FAILED, NO_CHANGE, GateResult, status_of
+
+log = logging.getLogger("mjoin.gates")
+
+
+class GateRun:
+    def __init__(self, gate: str, query, cfg):
+        self.gate = gate
+        self.query = query
+        self.cfg = cfg
+        self.failures: list = []
+        self.evaluated: list = []
+        self.gx: dict = {}
+        self.details: dict = {"config": cfg.to_dict(), "notes": [], "skipped": []}
+
+    def check(self, suite, frame) -> list:
+        """Validate ``frame`` with ``suite``; returns the failures of this suite."""
+        self.evaluated += evaluated_names(suite)
+        found = run_suite(suite, frame, self.gx)
+        self.failures += found
+        return found
+
+    def note(self, text: str) -> None:
+        self.details["notes"].append(text)
+
+    def skip(self, names, why: str) -> None:
+        """Record expectations that were not evaluated, and why (e.g. the document is not a plan)."""
+        for n in names:
+            self.details["skipped"].append({"expectation": n, "why": why})
+
+    def result(self) -> GateResult:
+        res = GateResult(gate=self.gate, status=status_of(self.failures), failures=self.failures,
+                         details=self.details, gx_result=self.gx, query=self.query.name, evaluated=self.evaluated)
+        level = {FAILED: logging.WARNING, NO_CHANGE: logging.INFO}.get(res.status, logging.INFO)
+        log.log(level, "%s", res.summary())
+        return res

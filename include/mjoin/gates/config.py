@@ -1,0 +1,179 @@
+"""GateConfig: every threshold of the four gates, with documented defaults, in one place.
+
+DAG params and ``python -m mjoin check ... --set key=value`` pass overrides through
+:meth:`GateConfig.from_dict`, which rejects unknown keys and converts strings
+(``"90s"``, ``"true"``, ``"cu,sr"``) to the field's type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from ..timeutil import parse_duration
+
+
+class GateConfigError(ValueError):
+    """An override that names no threshold or has a value of the wrong kind."""
+
+
+#: fields holding durations in seconds (accept "90s", "5m", ...)
+_DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback"}
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Thresholds of the input, statistics, forecast and plan gates (defaults documented in docs/gates.md)."""
+
+    # ---- 1. input gate (raw landed files of one interval) --------------------------
+    #: max fraction of a stream's rows in the interval with a NULL join key. TPC-DS has
+    #: 2.2-4.3 % NULL foreign keys in the seed streams (measured, docs/gates.md), so
+    #: 10 % passes healthy data and catches a broken feed.
+    null_key_fraction_max: float = 0.10
+    #: rows a stream must deliver in every cycle of the interval (streams not in quiet_streams)
+    min_rows_per_cycle: int = 1
+    #: streams that are not expected to flow (no minimum row count per cycle)
+    quiet_streams: tuple = ()
+    #: a tuple is late if its event time is before interval start - late_tolerance;
+    #: None = the query's allowed lateness
+    late_tolerance: float | None = None
+    #: a tuple is from the future if its event time is at or after interval end + future_tolerance
+    future_tolerance: float = 0.0
+    #: max fraction of a stream's rows in the interval that are late / from the future
+    late_fraction_max: float = 0.01
+    future_fraction_max: float = 0.0
+    #: how far before the interval landed files are compared for duplicates (seconds);
+    #: None = the query's largest window (a re-landed file inside the window double-counts joins)
+    duplicate_lookback: float | None = None
+    #: "pyarrow" (default: footers + key/ts columns on the driver) or "spark" (scan with Spark)
+    input_engine: str = "pyarrow"
+
+    # ---- 2. statistics gate ----------------------------------------------------------
+    #: cycles of history the forecast needs (ALGORITHMS.md: Holt falls back below ~10 points)
+    min_history: int = 10
+
+    # ---- 3. forecast gate ------------------------------------------------------------
+    #: recent cycles the forecast is compared with
+    forecast_window: int = 10
+    #: a forecast value fails when |value - median(recent)| > k * spread
+    forecast_spread_k: float = 6.0
+    #: spread of the recent history: "mad" (1.4826 x median absolute deviation, robust) or "std"
+    forecast_spread: str = "mad"
+    #: floor of the spread, so a flat history does not reject every change:
+    #: spread >= max(forecast_floor_rel * |median|, absolute floor)
+    forecast_floor_rel: float = 0.10
+    #: absolute floor for lambda, kappa, window_tuples and mu (counts and rates)
+    forecast_floor_abs: float = 1.0
+    #: absolute floor for gamma (a rate in [0, 1])
+    forecast_floor_abs_gamma: float = 0.02
+
+    # ---- 4. plan gate ----------------------------------------------------------------
+    #: minimum relative improvement (cost_active - cost_new) / cost_active to deploy;
+    #: below it the outcome is "no_change" (hysteresis against flapping on noise)
+    improvement_threshold: float = 0.05
+
+    def __post_init__(self):
+        problems = []
+        for name in ("null_key_fraction_max", "late_fraction_max", "future_fraction_max"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v <= 1):
+                problems.append(f"{name}={v!r} must be a fraction in [0, 1]")
+        for name in ("min_rows_per_cycle", "min_history", "forecast_window"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                problems.append(f"{name}={v!r} must be a non-negative integer")
+        if self.forecast_window < 1:
+            problems.append("forecast_window must be at least 1")
+        for name in ("forecast_spread_k", "forecast_floor_rel", "forecast_floor_abs", "forecast_floor_abs_gamma",
+                     "future_tolerance"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                problems.append(f"{name}={v!r} must be a finite number >= 0")
+        for name in ("late_tolerance", "duplicate_lookback"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                problems.append(f"{name}={v!r} must be a duration >= 0 or null")
+        if not (isinstance(self.improvement_threshold, (int, float)) and math.isfinite(self.improvement_threshold)
+                and self.improvement_threshold < 1):
+            problems.append(f"improvement_threshold={self.improvement_threshold!r} must be a finite number < 1")
+        if self.forecast_spread not in ("mad", "std"):
+            problems.append(f"forecast_spread={self.forecast_spread!r} must be 'mad' or 'std'")
+        if self.input_engine not in ("pyarrow", "spark"):
+            problems.append(f"input_engine={self.input_engine!r} must be 'pyarrow' or 'spark'")
+        if not isinstance(self.quiet_streams, tuple):
+            object.__setattr__(self, "quiet_streams", tuple(self.quiet_streams))
+        if problems:
+            raise GateConfigError("invalid gate config: " + "; ".join(problems))
+
+    # ---- overrides -------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, overrides: Mapping[str, Any] | None = None, base: "GateConfig | None" = None) -> "GateConfig":
+        """The defaults (or ``base``) with ``overrides`` applied; unknown keys raise :class:`GateConfigError`."""
+        base = base or cls()
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(cls.keys()))
+        if unknown:
+            raise GateConfigError(f"unknown gate setting(s) {', '.join(unknown)}; known: {', '.join(cls.keys())}")
+        values = {}
+        for f in fields(cls):
+            if f.name in overrides:
+                values[f.name] = _coerce(f.name, overrides[f.name], getattr(base, f.name))
+        return dataclasses.replace(base, **values)
+
+    @classmethod
+    def from_pairs(cls, pairs, base: "GateConfig | None" = None) -> "GateConfig":
+        """From ``["key=value", ...]`` (the CLI's ``--set``)."""
+        out = {}
+        for item in pairs or ():
+            if "=" not in item:
+                raise GateConfigError(f"--set {item!r}: use key=value (keys: {', '.join(cls.keys())})")
+            k, v = item.split("=", 1)
+            out[k.strip()] = v.strip()
+        return cls.from_dict(out, base)
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    # ---- derived ---------------------------------------------------------------------
+    def late_tolerance_for(self, query) -> float:
+        return query.lateness if self.late_tolerance is None else float(self.late_tolerance)
+
+    def duplicate_lookback_for(self, query) -> float:
+        return query.max_window if self.duplicate_lookback is None else float(self.duplicate_lookback)
+
+
+def _coerce(name: str, value, current):
+    """Convert an override to the type of the field (strings come from the CLI and DAG params)."""
+    try:
+        if name in _DURATIONS:
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+                if name == "future_tolerance":
+                    raise ValueError("must be a duration")
+                return None
+            return parse_duration(value)
+        if name == "quiet_streams":
+            if isinstance(value, str):
+                return tuple(s.strip() for s in value.split(",") if s.strip())
+            return tuple(str(s) for s in value)
+        if isinstance(current, bool):
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError("must be true or false")
+            return bool(value)
+        if isinstance(current, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError("must be an integer")
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise GateConfigError(f"gate setting {name}={value!r}: {exc}") from None

@@ -1,0 +1,229 @@
+"""Running expectation suites with great-expectations 1.x on small pandas summary frames.
+
+One ephemeral context per process, made on first use and reused (importing GX
+costs ~2.5 s once; a validation on it then takes ~0.02-0.1 s, see
+docs/gates.md). Each gate builds its summary frames in pandas, each frame is
+validated by one suite (``mjoin.<gate>.<frame>``), and the failed
+expectations are read back from the GX result into :class:`Failure` records.
+
+Every expectation carries, in its ``meta``: ``name`` (the stable id printed and
+tested, e.g. ``stats.gamma_in_unit_interval``), ``render`` (a format string
+over the frame's columns for one failing row, e.g. ``gamma{where} = {gamma}``)
+and ``outcome`` (``failed``, or ``no_change`` for the plan gate's hysteresis);
+its ``notes`` say why the rule exists. The GX result therefore names every
+failure itself.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import string
+import threading
+from typing import Iterable
+
+from .result import FAILED, MAX_VALUES, Failure
+
+
+WHERE, ROW_ID = "where", "row_id"
+_lock = threading.Lock()
+_runner = None
+
+
+def expect(cls_name: str, name: str, reason: str, render: str, outcome: str = FAILED, **kwargs):
+    """A GX expectation (class from ``great_expectations.expectations``) tagged with our id and rendering."""
+    import great_expectations.expectations as gxe
+
+    cls = getattr(gxe, cls_name)
+    return cls(meta={"name": name, "render": render, "outcome": outcome}, notes=reason, **kwargs)
+
+
+def col(name: str):
+    """A GX row-condition column (``col("entity") == "edge"``)."""
+    from great_expectations.expectations.row_conditions import Column
+
+    return Column(name)
+
+
+def make_suite(name: str, expectations: Iterable):
+    """An ExpectationSuite (GX binds suites to the process's context, so the runner is made first)."""
+    import great_expectations as gx
+
+    runner()
+    return gx.ExpectationSuite(name=name, expectations=list(expectations))
+
+
+def _quiet_gx_logging() -> None:
+    """GX logs hundreds of INFO lines at import (docs decorators, datasource loading); keep WARNING and
+    above unless the application configured the ``great_expectations`` logger itself."""
+    gx_log = logging.getLogger("great_expectations")
+    if gx_log.level == logging.NOTSET:
+        gx_log.setLevel(logging.WARNING)
+
+
+_quiet_gx_logging()  # before anything here imports great_expectations
+
+
+class GXRunner:
+    """One ephemeral GX context with a pandas data source; one asset and validation definition per suite."""
+
+    def __init__(self):
+        _quiet_gx_logging()
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
+                                                                ProgressBarsConfig)
+
+        self._gx = gx
+        config = DataContextConfig(analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
+                                   store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False))
+        self.context = gx.get_context(mode="ephemeral", project_config=config)
+        self.source = self.context.data_sources.add_pandas("mjoin")
+        self._batches: dict = {}
+
+    def _batch_definition(self, suite_name: str):
+        bd = self._batches.get(suite_name)
+        if bd is None:
+            asset = self.source.add_dataframe_asset(suite_name)
+            bd = asset.add_batch_definition_whole_dataframe("whole")
+            self._batches[suite_name] = bd
+        return bd
+
+    def validate(self, suite, frame) -> dict:
+        """Validate ``frame`` (must hold ``where`` and ``row_id``) with ``suite``; the GX result as JSON."""
+        gx = self._gx
+        with _lock:
+            bd = self._batch_definition(suite.name)
+            suite = self.context.suites.add_or_update(suite)
+            vd = self.context.validation_definitions.add_or_update(
+                gx.ValidationDefinition(name=suite.name, data=bd, suite=suite))
+            result = vd.run(batch_parameters={"dataframe": frame},
+                            result_format={"result_format": "SUMMARY", "partial_unexpected_count": MAX_VALUES,
+                                           "unexpected_index_column_names": [WHERE, ROW_ID]})
+            # ValidationDefinition.run also keeps every result in the context's (in-memory) results
+            # store; the caller owns the result, so drop it there: a long-lived process must not grow
+            store = self.context.validation_results_store
+            for key in store.list_keys():
+                store.remove_key(key)
+        return result.to_json_dict()
+
+
+def runner() -> GXRunner:
+    """The process's GX runner (made on first use)."""
+    global _runner
+    with _lock:
+        if _runner is None:
+            _runner = GXRunner()
+    return _runner
+
+
+def run_suite(suite, frame, gx_results: dict) -> list[Failure]:
+    """Validate ``frame`` with ``suite``, store the GX JSON in ``gx_results[suite.name]``, return the failures."""
+    frame = frame.reset_index(drop=True)
+    if ROW_ID not in frame.columns:
+        frame[ROW_ID] = range(len(frame))
+    if WHERE not in frame.columns:
+        frame[WHERE] = [str(i) for i in range(len(frame))]
+    doc = runner().validate(suite, frame)
+    gx_results[suite.name] = doc
+    return failures_from(doc, frame)
+
+
+def evaluated_names(suite) -> list[str]:
+    return [e.meta["name"] for e in suite.expectations]
+
+
+def failures_from(doc: dict, frame) -> list[Failure]:
+    """The failed expectations of a GX validation result, with their failing rows rendered from ``frame``."""
+    out = []
+    by_id = frame.set_index(ROW_ID, drop=False) if len(frame) else None
+    for r in doc.get("results", []):
+        if r.get("success"):
+            continue
+        cfg = r.get("expectation_config") or {}
+        meta = cfg.get("meta") or {}
+        kwargs = cfg.get("kwargs") or {}
+        name = meta.get("name") or cfg.get("type", "?")
+        reason = cfg.get("notes") or ""
+        if isinstance(reason, list):
+            reason = " ".join(reason)
+        column = kwargs.get("column") or kwargs.get("column_A")
+        outcome = meta.get("outcome", FAILED)
+        render = meta.get("render") or "{where}"
+        res = r.get("result") or {}
+        exc = r.get("exception_info") or {}
+        raised = exc.get("raised_exception") or any(
+            isinstance(v, dict) and v.get("raised_exception") for v in exc.values())
+        if raised:
+            msg = exc.get("exception_message") or next(
+                (v.get("exception_message") for v in exc.values() if isinstance(v, dict) and v.get("exception_message")), "")
+            out.append(Failure(name, column, reason, values=[{"error": msg}], count=1,
+                               rendered=[f"could not be evaluated: {msg}"], outcome=outcome))
+            continue
+        index_list = res.get("partial_unexpected_index_list")
+        if index_list is not None and "unexpected_count" in res:
+            fields = [c for c in (kwargs.get("column"), kwargs.get("column_A"), kwargs.get("column_B")) if c]
+            fields += [f for f in _fields(render) if f not in fields]
+            values, rendered = [], []
+            for entry in index_list[:MAX_VALUES]:
+                row = by_id.loc[entry[ROW_ID]] if by_id is not None and entry.get(ROW_ID) in by_id.index else entry
+                if getattr(row, "ndim", 1) > 1:  # duplicated row ids cannot happen, but stay safe
+                    row = row.iloc[0]
+                value = {WHERE: row[WHERE]}
+                for f in fields:
+                    if f in row:
+                        value[f] = _plain(row[f])
+                values.append(value)
+                rendered.append(_render(render, value))
+            out.append(Failure(name, column, reason, values=values, count=int(res.get("unexpected_count") or len(values)),
+                               rendered=rendered, outcome=outcome))
+        else:  # table-level expectation: one observed value
+            value = {"observed_value": _plain(res.get("observed_value"))}
+            mismatched = (res.get("details") or {}).get("mismatched") or {}
+            if isinstance(mismatched, dict):
+                value.update({k: v for k, v in mismatched.items() if k in ("missing", "unexpected")})
+            value.update({k: _plain(v) for k, v in kwargs.items() if k not in ("batch_id", "row_condition")})
+            out.append(Failure(name, column, reason, values=[value], count=1, rendered=[_render(render, value)],
+                               outcome=outcome))
+    return out
+
+
+def _fields(fmt: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(fmt) if f]
+
+
+def _plain(v):
+    if hasattr(v, "item") and callable(v.item):
+        try:
+            return v.item()
+        except (ValueError, TypeError):
+            return str(v)
+    if hasattr(v, "isoformat") and v == v:
+        from ..timeutil import iso
+
+        try:
+            return iso(v)
+        except (TypeError, ValueError):
+            return str(v)
+    return v
+
+
+def fmt_value(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _render(fmt: str, value: dict) -> str:
+    class _Missing(dict):
+        def __missing__(self, key):
+            return "?"
+
+    try:
+        return fmt.format_map(_Missing({k: fmt_value(v) for k, v in value.items()}))
+    except (ValueError, IndexError, KeyError):
+        return str(value)

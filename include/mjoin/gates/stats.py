@@ -1,0 +1,94 @@
+"""Gate 2: the statistics of an interval (complete, in range, finite, enough history for the forecast)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..statistics import ROW_COLUMNS
+from ..timeutil import cycles as cycle_starts
+from ..timeutil import iso, parse_duration, parse_time
+from .base import GateRun
+from .config import GateConfig
+from .frames import coverage_frame, missing_columns, tidy_frame, to_cycle
+from .result import GateResult
+from .suites import columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite, stats_values_suite
+
+
+class StatisticsGateError(ValueError):
+    """The statistics gate cannot run (e.g. no cycle length given or recorded)."""
+
+
+def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: float | str | None = None, *,
+                     config: GateConfig | None = None) -> GateResult:
+    """Check the tidy statistics ``history`` (``ROW_COLUMNS``) for the interval ``[start, end)``.
+
+    Values, completeness and grid are checked on the cycles of the interval; the history
+    length counts every cycle present before ``end`` (the forecast reads back that far).
+    """
+    cfg = config or GateConfig()
+    run = GateRun("stats", query, cfg)
+    t0, t1 = parse_time(start), parse_time(end)
+    run.details.update({"start": iso(t0), "end": iso(t1)})
+
+    if run.check(columns_suite(query), history.iloc[:0].copy()):
+        run.skip(["stats.*"], f"the frame lacks column(s) {', '.join(missing_columns(history))}")
+        return run.result()
+
+    if cycle_seconds is not None:
+        cycle_seconds = parse_duration(cycle_seconds)
+    else:
+        recorded = pd.to_numeric(history.get("cycle_seconds"), errors="coerce").dropna() if "cycle_seconds" in history else []
+        if len(recorded) == 0:
+            raise StatisticsGateError("no cycle length given and none recorded in the statistics (cycle_seconds)")
+        cycle_seconds = float(pd.Series(recorded).mode().iloc[0])
+    if not cycle_seconds > 0:
+        raise StatisticsGateError(f"cycle length {cycle_seconds!r} must be positive")
+    run.details["cycle_seconds"] = cycle_seconds
+
+    df = tidy_frame(history, query)
+    ts0, ts1 = pd.Timestamp(t0), pd.Timestamp(t1)
+    no_cycle = df["cycle"].isna()
+    after = int((df["cycle"] >= ts1).sum())
+    if after:
+        run.note(f"{after} row(s) at or after the interval end not checked")
+    inside = df[(df["cycle"] >= ts0) & (df["cycle"] < ts1)]
+    before_end = df[df["cycle"] < ts1]
+
+    # values, uniqueness, query: the rows of the interval, and rows that cannot be placed in time
+    run.check(stats_values_suite(query, cfg), pd.concat([inside, df[no_cycle]]))
+
+    # completeness per cycle present in the interval
+    present_cycles = sorted(inside["cycle"].unique())
+    groups = sorted(inside["group"].unique()) or [0]
+    run.check(coverage_suite("stats", query), coverage_frame(inside, query, present_cycles, groups))
+
+    # every cycle of the interval, on the grid
+    expected = list(to_cycle(cycle_starts(t0, t1, cycle_seconds)))
+    exp_keys = {round(c.timestamp(), 3) for c in expected}
+    have_keys = {round(pd.Timestamp(c).timestamp(), 3) for c in present_cycles}
+    all_cycles = sorted({*expected, *map(pd.Timestamp, present_cycles)})
+    cyc = pd.DataFrame({
+        "where": [iso(c) for c in all_cycles],
+        "expected": [round(c.timestamp(), 3) in exp_keys for c in all_cycles],
+        "present": [round(c.timestamp(), 3) in have_keys for c in all_cycles],
+    })
+    run.check(stats_cycles_suite(query, cfg), cyc)
+
+    # history length before the interval end
+    hist_cycles = sorted(before_end["cycle"].unique())
+    hist = pd.DataFrame({"where": [iso(c) for c in hist_cycles]})
+    run.check(stats_history_suite(query, cfg), hist)
+
+    run.details.update({
+        "rows_in_interval": int(len(inside)),
+        "cycles_expected": len(expected),
+        "cycles_present": len(present_cycles),
+        "history_cycles": len(hist_cycles),
+        "groups": [int(g) for g in groups],
+    })
+    return run.result()
+
+
+def history_from_statistics(snapshots) -> pd.DataFrame:
+    """Tidy rows (``ROW_COLUMNS``) from :class:`~mjoin.statistics.Statistics` snapshots."""
+    rows = [r for s in snapshots for r in s.to_rows()]
+    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))

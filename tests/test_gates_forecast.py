@@ -1,0 +1,165 @@
+"""Forecast gate: a real Holt forecast passes; each kind of bad forecast fails with exactly the expected expectations."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mjoin.gates import GateConfig, check_forecast
+from mjoin.gates.forecast import MAD_TO_SIGMA, spread_of
+from mjoin.statistics import Statistics
+from test_gates_support import cycle_iso, history, snapshot
+
+N = 12  # cycles of history; the forecast is for cycle N
+
+
+@pytest.fixture(scope="module")
+def hist(seed_query):
+    return history(seed_query, N)
+
+
+def holt_forecast(query, hist: pd.DataFrame) -> Statistics:
+    """A real one-step forecast with statsmodels Holt (damped for gamma), clipped as ALGORITHMS.md says."""
+    from statsmodels.tsa.holtwinters import Holt
+
+    fc = snapshot(query, cycle_iso(N), kind="forecast")
+    for (entity, s, r), grp in hist.groupby(["entity", "stream", "right"], dropna=False):
+        grp = grp.sort_values("cycle_start")
+        fields = ("lambda", "kappa", "window_tuples") if entity == "stream" else ("gamma", "mu")
+        for f in fields:
+            y = grp[f].to_numpy(dtype=float)
+            fit = Holt(y, damped_trend=(f == "gamma"), initialization_method="estimated").fit()
+            v = float(fit.forecast(1)[0])
+            if entity == "stream":
+                setattr(fc.groups[0].streams[s], "lam" if f == "lambda" else f, max(v, 0.0))
+            else:
+                v = min(max(v, 0.0), 1.0) if f == "gamma" else max(v, 1.0)
+                setattr(fc.groups[0].edges[(s, r)], f, v)
+    for s, st in fc.groups[0].streams.items():  # a window cannot hold more keys than tuples
+        st.kappa = min(st.kappa, st.window_tuples)
+    return fc
+
+
+@pytest.fixture(scope="module")
+def good(seed_query, hist):
+    return holt_forecast(seed_query, hist)
+
+
+def test_holt_forecast_passes(seed_query, hist, good):
+    res = check_forecast(seed_query, good, hist)
+    assert res.status == "passed", res.summary()
+    plaus = pd.DataFrame(res.details["plausibility"])
+    n_values = 3 * len(seed_query.stream_names) + 2 * len(seed_query.directed_edges)
+    assert len(plaus) == n_values and (plaus["n_history"] == 10).all()  # forecast_window cycles
+
+
+def test_forecast_json_document_and_file(seed_query, hist, good, tmp_path):
+    path = good.save(tmp_path / "forecast.json")
+    assert check_forecast(seed_query, str(path), hist).status == "passed"
+    assert check_forecast(seed_query, good.to_json(), hist).status == "passed"
+
+
+def _edit(fc: Statistics, fn) -> Statistics:
+    out = copy.deepcopy(fc)
+    fn(out.groups[0])
+    return out
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda g: setattr(g.streams["cu"], "lam", float("nan")), {"forecast.lambda_finite"}),
+    (lambda g: setattr(g.edges[("sr", "wr")], "mu", float("inf")), {"forecast.mu_finite"}),
+    (lambda g: setattr(g.edges[("cu", "sr")], "gamma", 1.3), {"forecast.gamma_in_unit_interval",
+                                                              "forecast.near_recent_history"}),
+    (lambda g: setattr(g.streams["wr"], "kappa", -5.0), {"forecast.kappa_non_negative",
+                                                         "forecast.near_recent_history"}),
+    (lambda g: setattr(g.edges[("cr", "cu")], "mu", 0.4), {"forecast.mu_at_least_one_where_matched"}),
+    (lambda g: g.streams.pop("sr"), {"forecast.every_stream_present"}),
+    (lambda g: g.edges.pop(("wr", "cr")), {"forecast.every_edge_present"}),
+])
+def test_bad_forecast_fails_exactly(seed_query, hist, good, edit, expected):
+    res = check_forecast(seed_query, _edit(good, edit), hist)
+    assert res.status == "failed"
+    assert res.failed_expectations == sorted(expected)
+
+
+def test_absurd_forecast_is_rejected_with_its_reason(seed_query, hist, good):
+    bad = _edit(good, lambda g: setattr(g.streams["cu"], "lam", g.streams["cu"].lam * 50))
+    res = check_forecast(seed_query, bad, hist)
+    assert res.failed_expectations == ["forecast.near_recent_history"]
+    (f,) = res.failures
+    v = f.values[0]
+    assert v["where"] == "[cu]" and v["field"] == "lambda"
+    # independent check of the rule: |value - median| / max(1.4826 MAD, floor) > k
+    recent = hist[(hist["entity"] == "stream") & (hist["stream"] == "cu")].sort_values("cycle_start")["lambda"]
+    recent = recent.to_numpy(dtype=float)[-10:]
+    med = np.median(recent)
+    spread = max(MAD_TO_SIGMA * np.median(np.abs(recent - med)), 0.1 * abs(med), 1.0)
+    assert v["median"] == pytest.approx(med) and v["spread"] == pytest.approx(spread)
+    assert v["deviation"] == pytest.approx(abs(bad.lam("cu") - med) / spread)
+    assert v["deviation"] > 6
+    assert "6 spreads" in f.reason and "median of the last 10 cycles" in f.reason
+    assert f.rendered[0].startswith("lambda[cu] = ")
+
+
+def test_spread_rule_is_configurable(seed_query, hist, good):
+    bad = _edit(good, lambda g: setattr(g.streams["cu"], "window_tuples", g.streams["cu"].window_tuples * 1.8))
+    assert check_forecast(seed_query, bad, hist).failed_expectations == ["forecast.near_recent_history"]
+    loose = GateConfig(forecast_spread_k=20.0)
+    assert check_forecast(seed_query, bad, hist, config=loose).status == "passed"
+    std = GateConfig(forecast_spread="std")
+    assert check_forecast(seed_query, bad, hist, config=std).failed_expectations == ["forecast.near_recent_history"]
+
+
+def test_flat_history_allows_small_changes(seed_query):
+    """A constant history has spread 0: the floor (10 % of the level) keeps small changes passing."""
+    flat = history(seed_query, N)
+    for f in ("lambda", "kappa", "window_tuples", "gamma", "mu"):
+        flat[f] = flat.groupby(["entity", "stream", "right"], dropna=False)[f].transform("first")
+    fc = snapshot(seed_query, cycle_iso(N), kind="forecast", seed=0)  # same values as cycle 0
+    fc.groups[0].streams["cu"].window_tuples *= 1.3  # +30 % on a flat series: 3 floors away
+    fc.groups[0].streams["cu"].kappa = min(fc.groups[0].streams["cu"].kappa, fc.groups[0].streams["cu"].window_tuples)
+    assert check_forecast(seed_query, fc, flat).status == "passed"
+    fc.groups[0].streams["cu"].window_tuples *= 3  # ~ +290 %: absurd
+    res = check_forecast(seed_query, fc, flat)
+    assert res.failed_expectations == ["forecast.near_recent_history"]
+
+
+def test_series_without_history(seed_query, hist, good):
+    partial = hist[~((hist["entity"] == "stream") & (hist["stream"] == "wr"))]
+    res = check_forecast(seed_query, good, partial)
+    assert res.failed_expectations == ["forecast.has_recent_history"]
+    assert res.failures[0].count == 3  # lambda, kappa, window_tuples of wr
+
+
+def test_only_cycles_before_the_forecast_count_as_history(seed_query, hist, good):
+    """History rows at or after the forecast cycle are not 'recent history' (no peeking)."""
+    later = history(seed_query, 3, start=cycle_iso(N))
+    later["lambda"] *= 100
+    assert check_forecast(seed_query, good, pd.concat([hist, later], ignore_index=True)).status == "passed"
+
+
+def test_forecast_for_another_query(seed_query, hist, good):
+    other = copy.deepcopy(good)
+    other.query = "another_query"
+    assert check_forecast(seed_query, other, hist).failed_expectations == ["forecast.for_this_query"]
+
+
+def test_not_a_statistics_document(seed_query, hist, good, tmp_path):
+    doc = good.to_json()
+    del doc["groups"][0]["streams"][0]["kappa"]
+    res = check_forecast(seed_query, doc, hist)
+    assert res.failed_expectations == ["forecast.schema_valid"]
+    assert "kappa" in res.failures[0].rendered[0]
+    p = tmp_path / "broken.json"
+    p.write_text("{not json")
+    assert check_forecast(seed_query, str(p), hist).failed_expectations == ["forecast.schema_valid"]
+
+
+def test_spread_of():
+    x = np.array([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert spread_of(x, "mad") == pytest.approx(MAD_TO_SIGMA * 1.0)
+    assert spread_of(x, "std") == pytest.approx(np.std(x, ddof=1))
+    assert json.dumps(spread_of(np.array([]), "mad")) == "NaN"
