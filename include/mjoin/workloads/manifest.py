@@ -148,8 +148,9 @@ class Manifest:
         n_cycles = len(self.arrivals())
         lines = [f"{head[self.kind]} seed={p['seed']}" + (f" -> {self.root}" if self.root else ""),
                  f"time range [{d['start']}, {d['end']})  {n_cycles} arrival cycles of {self.cycle_seconds}s"
-                 + (f", rate {p['rate']:.4g} tuples/s" if p.get("rate") else "")]
-        width = max(len(s) for s in self.sources)
+                 + (f", rate {p['rate']:.4g} tuples/s" + (" per stream (base)" if self.kind == "synthetic" else " in total")
+                    if p.get("rate") else "")]
+        width = max([len("source")] + [len(s) for s in self.sources])
         lines.append(f"  {'source':<{width}}  {'rows':>10}  {'cycles':>6}  {'rejected':>8}  null keys")
         for s in self.sources:
             info = self.source(s)
