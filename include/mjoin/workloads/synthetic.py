@@ -146,8 +146,13 @@ def generate_synthetic(out, *, streams: int = 4, duration=DEFAULT_DURATION, rate
     seed = params.seed_value(seed)
     if rate is not None:
         params.positive(rate, "--rate", params.MAX_RATE)
-    if domain is not None and (isinstance(domain, bool) or float(domain) != int(float(domain)) or int(float(domain)) < 1):
-        raise WorkloadError(f"{domain!r} is not a positive whole number", "--domain")
+    if domain is not None:
+        try:
+            ok = not isinstance(domain, bool) and float(domain) == int(float(domain)) and int(float(domain)) >= 1
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise WorkloadError(f"{domain!r} is not a positive whole number", "--domain")
     if not re.fullmatch(r"[A-Za-z0-9_.\-]*", prefix or ""):
         raise WorkloadError(f"{prefix!r} may only hold letters, digits, '_', '.', '-'", "--prefix")
     sched = load_schedule(schedule, streams=streams, duration=duration_s, rate=rate,

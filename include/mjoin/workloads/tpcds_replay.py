@@ -176,7 +176,9 @@ def generate_tpcds(out, *, sf=0.1, replay: str = "paper", rate=None, duration=No
                 for r in rej.column("reject_reason").to_pylist():
                     reasons[r] = reasons.get(r, 0) + 1
                 rej_info = {"rows": rej.num_rows, "reasons": dict(sorted(reasons.items())), "file": rel}
-            assert written["rows"] + rej_info["rows"] == source_rows[table], table  # never silently lost
+            if written["rows"] + rej_info["rows"] != source_rows[table]:  # never silently lose a row
+                raise RuntimeError(f"{table}: {written['rows']} streamed + {rej_info['rows']} rejected "
+                                   f"!= {source_rows[table]} source rows")
             sources[table] = {
                 "rows": written["rows"], "source_rows": source_rows[table],
                 "null_keys": null_counts(tbl, keys.get(table, [])), "rejected": rej_info,
