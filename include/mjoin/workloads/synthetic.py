@@ -31,7 +31,7 @@ from .. import __version__
 from ..query import load_query, parse_query
 from ..timeutil import format_duration, iso
 from . import params
-from .errors import ScheduleError, WorkloadError
+from .errors import WorkloadError
 from .manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
 from .schedule import PARAMS, ZIPF_STEP, Schedule, load_schedule, zipf_cdf
 from .streamfiles import TS, spec_mismatches, ts_array, write_stream
