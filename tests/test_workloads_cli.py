@@ -25,6 +25,7 @@ def cache(tmp_path_factory):
 @pytest.mark.parametrize("argv, expect", [
     (["generate", "--help"], "tpcds"),
     (["generate", "tpcds", "--help"], "--replay"),
+    (["generate", "synthetic", "--help"], "match-drift"),
     (["land", "--help"], "--until"),
 ])
 def test_help(argv, expect, capsys):
@@ -62,6 +63,33 @@ def test_argparse_errors_exit_2(argv, capsys):
         main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--schedule", "no-such-preset"], "--schedule"), (["--streams", "1"], "--streams"), (["--window", "0s"], "--window"),
+    (["--rate", "0"], "--rate"),
+])
+def test_bad_synthetic_arguments_exit_2(extra, message, tmp_path, capsys):
+    assert main(["generate", "synthetic", "--out", str(tmp_path / "w"), "--duration", "1m"] + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_bad_schedule_file_exit_2_naming_the_field(tmp_path, capsys):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("events:\n  - {type: ramp, from: 50%, to: 20%, stream: s0, param: rate, value: 2x}\n")
+    assert main(["generate", "synthetic", "--out", str(tmp_path / "w"), "--schedule", str(bad)]) == 2
+    assert "events[0].to" in capsys.readouterr().err
+
+
+def test_synthetic_summary(tmp_path, capsys):
+    assert main(["generate", "synthetic", "--out", str(tmp_path / "w"), "--streams", "3", "--duration", "2m",
+                 "--schedule", "burst", "--seed", "4"]) == 0
+    out = capsys.readouterr().out
+    m = load_manifest(tmp_path / "w")
+    assert "schedule=burst" in out and all(f"{s}" in out and str(m.rows(s)) in out for s in m.sources)
+    assert (tmp_path / "w" / "query.yaml").exists()
 
 
 def test_land_errors_exit_2(tmp_path, capsys):

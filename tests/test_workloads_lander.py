@@ -147,6 +147,21 @@ def test_realtime_follows_the_simulated_clock(workload, tmp_path):
     assert sum(waits) == pytest.approx(8.0)
 
 
+def test_realtime_rerun_catches_up_without_waiting(workload, tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    land(workload.root, lake, workload.start_epoch + 2 * MIN)
+    now = {"t": 0.0}
+    landed_at = []
+
+    def sleep(s):
+        now["t"] += s
+
+    r = land(workload.root, lake, workload.start_epoch + 4 * MIN, speed=60, sleep=sleep, clock=lambda: now["t"],
+             on_cycle=lambda e, cycles: landed_at.append(now["t"]))
+    assert len(r.skipped) == 2 * len(workload.sources) and len(r.cycles) == 2
+    assert landed_at == pytest.approx([1.0, 2.0])  # paced from the first cycle with work, not from the start
+
+
 @pytest.mark.parametrize("kwargs, field", [({"until": "soon"}, "--until"), ({"until": None, "since": "x"}, "--since"),
                                            ({"until": 10, "since": 20}, "--until"), ({"until": None, "speed": 0}, "--speed")])
 def test_bad_bounds(workload, tmp_path, kwargs, field):
@@ -158,3 +173,23 @@ def test_bad_bounds(workload, tmp_path, kwargs, field):
 def test_not_a_workload(tmp_path):
     with pytest.raises(WorkloadError, match="not a workload"):
         land(tmp_path, Lake(str(tmp_path / "lake")), None)
+
+
+@pytest.mark.spark
+def test_spark_sees_landed_cycles_only(spark, workload, tmp_path):
+    """Batch and streaming file sources read exactly the landed cycles; a lander's temporary folder is invisible."""
+    import shutil
+
+    lake = Lake(str(tmp_path / "lake"))
+    r = land(workload.root, lake, workload.start_epoch + 5 * MIN)
+    pending = workload.arrivals("customer")[6]
+    tmp = Path(lake.streams("customer")) / f".arrival={pending}.0123456789ab.tmp"
+    tmp.mkdir()
+    shutil.copy(Path(workload.root) / "streams" / "customer" / f"arrival={pending}" / "part-00000.parquet", tmp)
+    df = spark.read.parquet(lake.streams("customer"))
+    assert df.count() == r.rows_per_source()["customer"]
+    assert sorted(x.arrival for x in df.select("arrival").distinct().collect()) == lake.arrivals("customer")
+    query = (spark.readStream.schema(df.schema).parquet(lake.streams("customer"))
+             .writeStream.format("memory").queryName("landed_customer").trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert spark.table("landed_customer").count() == r.rows_per_source()["customer"]

@@ -220,6 +220,10 @@ def test_event_time_speedup_and_rate_options(tmp_path, cache_dir, event_time):
     m = generate_tpcds(tmp_path / "fast", sf=SF, cache_dir=cache_dir, replay="event-time", duration="10m", cycle=CYCLE)
     assert m.end_epoch - m.start_epoch == pytest.approx(600, abs=1e-3)
     assert m.doc["replay"]["speedup"] == pytest.approx(event_time.doc["replay"]["speedup"] * 6)
+    by_rate = generate_tpcds(tmp_path / "rate", sf=SF, cache_dir=cache_dir, replay="event-time", rate=5, cycle=CYCLE)
+    streamed = sum(by_rate.rows(s) for s in by_rate.sources)
+    assert by_rate.parameters["rate"] == pytest.approx(5, rel=1e-4)  # the mean total rate
+    assert by_rate.end_epoch - by_rate.start_epoch == pytest.approx(streamed / 5, abs=1e-3)
     start = generate_tpcds(tmp_path / "start", sf=SF, cache_dir=cache_dir, replay="event-time",
                            customer_arrival="start", speedup=1e6, cycle="5m")
     ts = _read_in_order(start, "customer").column("ts").cast("int64").to_numpy()

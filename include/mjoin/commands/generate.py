@@ -1,6 +1,7 @@
 """python -m mjoin generate: make a stream workload (TPC-DS replay or synthetic drifting data)."""
 from __future__ import annotations
 
+import argparse
 import json
 
 NAME = "generate"
@@ -42,6 +43,24 @@ def add_arguments(p):
     _common(t)
     t.set_defaults(_generate=_tpcds)
 
+    from ..workloads.presets import describe_presets
+
+    y = sub.add_parser("synthetic", help="n streams with Zipf keys whose rates and match rates drift on a schedule",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Synthetic streams s0..s{n-1} (key, ts, id, payload) joined on key; rates, key "
+                                   "popularity and match rates change as a schedule says.\n\npresets (--schedule), shown for 4 streams:\n"
+                                   + describe_presets())
+    y.add_argument("--streams", type=int, default=4, help="number of streams, 2..26 (default 4)")
+    y.add_argument("--duration", default="30m", help="length on the simulated clock (default 30m)")
+    y.add_argument("--rate", type=float, help="base rate, tuples/s per stream (default: the schedule's, else 20)")
+    y.add_argument("--domain", type=int, help="base key domain size (default: the schedule's, else 1000)")
+    y.add_argument("--schedule", default="stationary", help="a preset name or a YAML/JSON schedule file (default stationary)")
+    y.add_argument("--window", default="1m", help="window of every stream in the written query.yaml (default 1m)")
+    y.add_argument("--name", help="query name in query.yaml (default synthetic_<schedule>_<n>)")
+    y.add_argument("--prefix", default="", help="prefix of the source folder names (default none: s0, s1, ...)")
+    _common(y)
+    y.set_defaults(_generate=_synthetic)
+
 
 def _tpcds(args):
     from ..workloads import generate_tpcds
@@ -50,6 +69,16 @@ def _tpcds(args):
     return generate_tpcds(args.out, sf=args.sf, replay=args.replay, rate=args.rate, duration=args.duration,
                           speedup=args.speedup, cycle=args.cycle, start=args.start or DEFAULT_START, seed=args.seed,
                           customer_arrival=args.customer_arrival, cache_dir=args.cache, overwrite=args.overwrite)
+
+
+def _synthetic(args):
+    from ..workloads import generate_synthetic
+    from ..workloads.params import DEFAULT_START
+
+    return generate_synthetic(args.out, streams=args.streams, duration=args.duration, rate=args.rate, domain=args.domain,
+                              schedule=args.schedule, window=args.window, cycle=args.cycle,
+                              start=args.start or DEFAULT_START, seed=args.seed, name=args.name, prefix=args.prefix,
+                              overwrite=args.overwrite)
 
 
 def run(args) -> int:

@@ -14,10 +14,14 @@ from .errors import ScheduleError, WorkloadError
 from .lander import LandResult, LandedCycle, cycles_bound, land
 from .manifest import Manifest, load_manifest
 from .params import DEFAULT_CYCLE, DEFAULT_START
+from .presets import PRESETS
+from .schedule import Schedule, load_schedule, parse_schedule
+from .synthetic import generate_synthetic
 from .tpcds_cache import ensure_tables
 from .tpcds_replay import TPCDS_QUERIES, generate_tpcds
 
 __all__ = [
-    "DEFAULT_CYCLE", "DEFAULT_START", "LandResult", "LandedCycle", "Manifest", "ScheduleError", "TPCDS_QUERIES",
-    "WorkloadError", "cycles_bound", "ensure_tables", "generate_tpcds", "land", "load_manifest",
+    "DEFAULT_CYCLE", "DEFAULT_START", "LandResult", "LandedCycle", "Manifest", "PRESETS", "Schedule", "ScheduleError",
+    "TPCDS_QUERIES", "WorkloadError", "cycles_bound", "ensure_tables", "generate_synthetic", "generate_tpcds", "land",
+    "load_manifest", "load_schedule", "parse_schedule",
 ]

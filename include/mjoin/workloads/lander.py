@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from .. import fsutil
@@ -173,13 +174,9 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
     result = LandResult(workload=manifest.root, lake=lake.root, since=since_e, until=until_e)
     root = Path(manifest.root)
     plan = plan_cycles(manifest, since_e, until_e)
-    wall0, sim0 = clock(), (plan[0][0] if plan else 0)
+    anchor = None  # (wall, simulated) time of the first cycle that has anything to land
     for epoch, sources in plan:
-        if speed is not None:
-            wait = wall0 + (epoch + manifest.cycle_seconds - sim0) / float(speed) - clock()
-            if wait > 0:
-                sleep(wait)
-        landed_now = []
+        todo = []
         for source in sources:
             src_dir = root / "streams" / source / f"arrival={epoch}"
             if not src_dir.is_dir():
@@ -187,12 +184,22 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
             wanted = _files(src_dir)
             _, target = fsutil.resolve(lake.arrival_dir(source, epoch))
             have = _lake_files(fs, target)
-            if have is not None:
-                if have != wanted:
-                    raise WorkloadError(f"the lake already holds a different {source} arrival={epoch} "
-                                        f"({sorted(have)} vs {sorted(wanted)}); land into a fresh lake or remove it")
+            if have is None:
+                todo.append((source, src_dir, wanted, target))
+            elif have == wanted:
                 result.skipped.append((source, epoch))
-                continue
+            else:
+                raise WorkloadError(f"the lake already holds a different {source} arrival={epoch} "
+                                    f"({sorted(have)} vs {sorted(wanted)}); land into a fresh lake or remove it")
+        if not todo:
+            continue  # already landed: no waiting either (a re-run catches up at once)
+        if speed is not None:
+            anchor = anchor or (clock(), epoch)
+            wait = anchor[0] + (epoch + manifest.cycle_seconds - anchor[1]) / float(speed) - clock()
+            if wait > 0:
+                sleep(wait)
+        landed_now = []
+        for source, src_dir, wanted, target in todo:
             tmp = f"{Path(target).parent}/.arrival={epoch}.{uuid.uuid4().hex[:12]}.tmp"
             fs.create_dir(tmp, recursive=True)
             try:
@@ -204,8 +211,7 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
                 if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
                     fs.delete_dir(tmp)
                 raise
-            rows = _rows(manifest, source, epoch, src_dir)
-            cycle = LandedCycle(source, epoch, rows, len(wanted), lake.arrival_dir(source, epoch))
+            cycle = LandedCycle(source, epoch, _rows(src_dir), len(wanted), lake.arrival_dir(source, epoch))
             result.landed.append(cycle)
             landed_now.append(cycle)
         if on_cycle is not None:
@@ -214,7 +220,5 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
     return result
 
 
-def _rows(manifest: Manifest, source: str, epoch: int, folder: Path) -> int:
-    import pyarrow.parquet as pq
-
+def _rows(folder: Path) -> int:
     return sum(pq.read_metadata(str(p)).num_rows for p in sorted(folder.glob("*.parquet")))

@@ -144,12 +144,13 @@ class Manifest:
         """A short human summary: time range, cycles, rows and NULL keys per source."""
         d = self.doc
         p = d["parameters"]
-        head = {"tpcds": f"tpcds sf={p.get('sf')} replay={p.get('replay')}", "synthetic": f"synthetic schedule={p.get('schedule')}"}
+        head = {"tpcds": f"tpcds sf={p.get('sf', 0):g} replay={p.get('replay')}", "synthetic": f"synthetic schedule={p.get('schedule')}"}
         n_cycles = len(self.arrivals())
         lines = [f"{head[self.kind]} seed={p['seed']}" + (f" -> {self.root}" if self.root else ""),
                  f"time range [{d['start']}, {d['end']})  {n_cycles} arrival cycles of {self.cycle_seconds}s"
-                 + (f", rate {p['rate']:.4g} tuples/s" if p.get("rate") else "")]
-        width = max(len(s) for s in self.sources)
+                 + (f", rate {p['rate']:.4g} tuples/s" + (" per stream (base)" if self.kind == "synthetic" else " in total")
+                    if p.get("rate") else "")]
+        width = max([len("source")] + [len(s) for s in self.sources])
         lines.append(f"  {'source':<{width}}  {'rows':>10}  {'cycles':>6}  {'rejected':>8}  null keys")
         for s in self.sources:
             info = self.source(s)

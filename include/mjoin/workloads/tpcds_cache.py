@@ -43,6 +43,8 @@ PRIMARY_KEYS = {
 #: dsdgen below sf=0.01 never returns (measured: sf=0.005 and 0.001 spin at 100% CPU for >20 min).
 MIN_SF = 0.01
 EXTENSION_VERSION = "v1.5.5"
+#: A staged cache folder older than this was left by a killed run and is removed (SF=100 takes ~40 min).
+STALE_STAGE_SECONDS = 6 * 3600
 
 
 def check_sf(sf) -> float:
@@ -112,6 +114,9 @@ def ensure_tables(sf, cache_dir=None, memory_limit: str = "4GB") -> Path:
     if _complete(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.*.tmp"):  # left by a killed run (a live one is younger)
+        if time.time() - stale.stat().st_mtime > STALE_STAGE_SECONDS:
+            shutil.rmtree(stale, ignore_errors=True)
     stage = final.parent / f".{final.name}.{uuid.uuid4().hex[:12]}.tmp"
     stage.mkdir()
     try:

@@ -36,7 +36,7 @@ from ..query import load_query
 from ..timeutil import format_duration, iso
 from . import params, tpcds_cache
 from .errors import WorkloadError
-from .manifest import MANIFEST_VERSION, Manifest, time_range, write_manifest
+from .manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
 from .streamfiles import TS, cast_columns, null_counts, spec_mismatches, ts_array, write_stream
 from .workdir import staged_output
 
@@ -176,7 +176,9 @@ def generate_tpcds(out, *, sf=0.1, replay: str = "paper", rate=None, duration=No
                 for r in rej.column("reject_reason").to_pylist():
                     reasons[r] = reasons.get(r, 0) + 1
                 rej_info = {"rows": rej.num_rows, "reasons": dict(sorted(reasons.items())), "file": rel}
-            assert written["rows"] + rej_info["rows"] == source_rows[table], table  # never silently lost
+            if written["rows"] + rej_info["rows"] != source_rows[table]:  # never silently lose a row
+                raise RuntimeError(f"{table}: {written['rows']} streamed + {rej_info['rows']} rejected "
+                                   f"!= {source_rows[table]} source rows")
             sources[table] = {
                 "rows": written["rows"], "source_rows": source_rows[table],
                 "null_keys": null_counts(tbl, keys.get(table, [])), "rejected": rej_info,
@@ -203,8 +205,6 @@ def generate_tpcds(out, *, sf=0.1, replay: str = "paper", rate=None, duration=No
         }
         write_manifest(stage, doc)
     log.debug("tpcds workload sf=%s replay=%s -> %s", tpcds_cache.sf_label(sf), replay, out)
-    from .manifest import load_manifest
-
     return load_manifest(out)
 
 

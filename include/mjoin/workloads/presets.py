@@ -1,0 +1,82 @@
+"""Named drift schedules (``--schedule <name>``), written in the schedule format of schedule.py.
+
+All are relative to the base rate (``x``), the base domain (``d``) and the
+duration (``%``), so they work for any ``--rate``, ``--domain``, ``--duration``
+and number of streams. The stationary base gives stream ``s_i`` the rate
+``2 (i + 1) / (n + 1)`` x base (mean: the base rate; for 4 streams 0.4x, 0.8x,
+1.2x, 1.6x) and rotates its popular keys by ``i * 0.05`` of the domain, so the
+streams differ in rate and in match rates and the best probe order is not trivial.
+"""
+from __future__ import annotations
+
+import copy
+
+
+def _stationary(n: int) -> dict:
+    streams = {f"s{i}": {"rate": f"{2 * (i + 1) / (n + 1):.12g}x", "shift": f"{0.05 * i:.12g}d"} for i in range(n)}
+    return {"description": "nothing changes: rates 2(i+1)/(n+1) x base, hot keys rotated by 5% of the domain per stream",
+            "defaults": {"zipf": 1.0, "offset": 0, "null_rate": 0.0}, "streams": streams, "events": []}
+
+
+def _rate_swap(n: int) -> dict:
+    doc = _stationary(n)
+    first, last = doc["streams"]["s0"]["rate"], doc["streams"][f"s{n - 1}"]["rate"]
+    doc["description"] = f"s0 and s{n - 1} swap rates at 50%: the slowest stream becomes the fastest (the best order changes)"
+    doc["events"] = [{"type": "step", "at": "50%", "stream": "s0", "param": "rate", "value": last},
+                     {"type": "step", "at": "50%", "stream": f"s{n - 1}", "param": "rate", "value": first}]
+    return doc
+
+
+def _match_drift(n: int) -> dict:
+    doc = _stationary(n)
+    doc["description"] = (f"s{n - 1}'s keys drift out of the others' domain between 25% and 75% "
+                          f"(offset 0 -> 1 domain): every gamma into and out of s{n - 1} falls to 0")
+    doc["events"] = [{"type": "ramp", "from": "25%", "to": "75%", "stream": f"s{n - 1}", "param": "offset", "value": "1d"}]
+    return doc
+
+
+def _skew_drift(n: int) -> dict:
+    doc = _stationary(n)
+    doc["streams"]["s0"]["zipf"] = 0.6
+    doc["description"] = "s0's key popularity sharpens from Zipf 0.6 to 1.6 between 25% and 75% (its kappa falls, mu rises)"
+    doc["events"] = [{"type": "ramp", "from": "25%", "to": "75%", "stream": "s0", "param": "zipf", "value": 1.6}]
+    return doc
+
+
+def _burst(n: int) -> dict:
+    doc = _stationary(n)
+    doc["description"] = "s1's rate is multiplied by 5 between 40% and 50%"
+    doc["events"] = [{"type": "burst", "from": "40%", "to": "50%", "stream": "s1", "factor": 5}]
+    return doc
+
+
+def _mixed(n: int) -> dict:
+    doc = _stationary(n)
+    first, last = doc["streams"]["s0"]["rate"], doc["streams"][f"s{n - 1}"]["rate"]
+    drift = f"s{max(n - 2, 0)}"
+    doc["description"] = (f"a burst of s1 (x4, 10-15%), s0 and s{n - 1} swap rates at 30%, "
+                          f"{drift}'s keys drift out of the domain between 50% and 80%")
+    doc["events"] = [{"type": "burst", "from": "10%", "to": "15%", "stream": "s1", "factor": 4},
+                     {"type": "step", "at": "30%", "stream": "s0", "param": "rate", "value": last},
+                     {"type": "step", "at": "30%", "stream": f"s{n - 1}", "param": "rate", "value": first},
+                     {"type": "ramp", "from": "50%", "to": "80%", "stream": drift, "param": "offset", "value": "1d"}]
+    return doc
+
+
+PRESETS = {
+    "stationary": _stationary,
+    "rate-swap": _rate_swap,
+    "match-drift": _match_drift,
+    "skew-drift": _skew_drift,
+    "burst": _burst,
+    "mixed": _mixed,
+}
+
+
+def preset_document(name: str, streams: int) -> dict:
+    """The schedule document of a preset for ``streams`` streams (a fresh copy)."""
+    return copy.deepcopy(PRESETS[name](int(streams)))
+
+
+def describe_presets(streams: int = 4) -> str:
+    return "\n".join(f"  {name:<12} {preset_document(name, streams)['description']}" for name in PRESETS)
