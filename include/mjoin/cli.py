@@ -56,6 +56,11 @@ def main(argv=None) -> int:
 
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:  # e.g. `python -m mjoin ... | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UserError, QuerySpecError, PlanError, StatisticsError, SchemaError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
