@@ -256,6 +256,44 @@ class Statistics:
                    cycle_seconds=_num(first.get("cycle_seconds")))
 
 
+def aggregate_rows(rows: Iterable[dict], kind: str = "measured") -> Statistics:
+    """One snapshot for several cycles of tidy rows (e.g. a whole re-optimization interval).
+
+    Per stream: mean ``lambda``, ``kappa``, ``window_tuples`` over the cycles, summed
+    ``tuples``; per edge: summed ``q``, ``m``, ``s`` and then Eq. 9-10 (so ``gamma`` and
+    ``mu`` are the interval's own match rate and mean matches, not a mean of ratios)."""
+    rows = list(rows)
+    if not rows:
+        raise StatisticsError("no statistics rows to aggregate")
+    streams, edges, cycles_ = {}, {}, set()
+    for r in rows:
+        cycles_.add(_cycle_key(r.get("cycle_start")))
+        g = int(r["group"])
+        if r["entity"] == "stream":
+            acc = streams.setdefault((g, r["stream"]), {"lambda": [], "kappa": [], "window_tuples": [], "tuples": 0.0})
+            for f in STREAM_FIELDS:
+                if r.get(f) is not None and math.isfinite(float(r[f])):
+                    acc[f].append(float(r[f]))
+            acc["tuples"] += float(r.get("tuples") or 0)
+        elif r["entity"] == "edge":
+            acc = edges.setdefault((g, r["stream"], r["right"]), [0.0, 0.0, 0.0])
+            for i, f in enumerate(("q", "m", "s")):
+                acc[i] += float(r.get(f) or 0)
+    groups: dict = {}
+    for (g, s), acc in streams.items():
+        mean = lambda xs: sum(xs) / len(xs) if xs else math.nan
+        groups.setdefault(g, GroupStats()).streams[s] = StreamStats(
+            lam=mean(acc["lambda"]), kappa=mean(acc["kappa"]), window_tuples=mean(acc["window_tuples"]), tuples=acc["tuples"])
+    for (g, l, r), (q, m, s) in edges.items():
+        groups.setdefault(g, GroupStats()).edges[(l, r)] = EdgeStats.from_counts(q, m, s)
+    starts = sorted(c for c in cycles_ if c is not None and not isinstance(c, str))
+    first = rows[0]
+    return Statistics(query=first["query"], groups=groups, kind=kind,
+                      cycle_start=iso(starts[0]) if starts else None,
+                      cycle_seconds=_num(first.get("cycle_seconds")),
+                      meta={"aggregated_cycles": len(cycles_)})
+
+
 def _row(base, g, entity, stream, right, values) -> dict:
     row = {c: None for c in ROW_COLUMNS}
     row.update(base)

@@ -1,0 +1,85 @@
+"""mjoin_evaluate: what would each strategy have cost over history?
+
+For each interval of the chosen range: the plans of every strategy (fixed from the
+initial order, selectivity_first, greedy, dppick, exact, the ablations, dpPick on
+last values = noSmooth) from statistics known before the interval, and the hindsight
+oracle's plan, all run by the engine's interval evaluation on the same data. Writes a
+table and an HTML report with plots; the last task prints the comparison. All outputs
+go to an evaluation namespace of the lake, never the live deployment.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag, get_current_context, task
+
+from mjoin.dag_params import DEFAULT_QUERY, STRATEGY_NAMES
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs"
+EVAL_STRATEGIES = list(STRATEGY_NAMES) + ["dppick_nosmooth", "oracle"]
+
+
+@dag(
+    dag_id="mjoin_evaluate",
+    description="cost every strategy's plans and the hindsight oracle on the same historical data",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "query": Param(DEFAULT_QUERY, type="string", minLength=1, description="query spec name or path"),
+        "lake": Param("", type="string", description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
+        "start": Param("2026-01-01T00:00:00Z", type="string", format="date-time", description="first interval start"),
+        "end": Param("2026-01-01T00:30:00Z", type="string", format="date-time", description="end of the range (exclusive)"),
+        "period": Param(300, type="integer", minimum=10, maximum=86400, description="interval length, seconds"),
+        "cycle": Param(10, type="integer", minimum=1, maximum=3600, description="statistics cycle tau, seconds"),
+        "length": Param(60, type="integer", minimum=2, maximum=10000, description="L: cycles the forecast reads"),
+        "strategies": Param(EVAL_STRATEGIES, type="array", items={"type": "string", "enum": EVAL_STRATEGIES},
+                            description="strategies to compare"),
+        "initial_order": Param("", type="string", description="comma-separated initial order for fixed ('all' = 24 orders)"),
+        "namespace": Param("eval/evaluate", type="string", minLength=1, description="lake namespace for the outputs"),
+    },
+    tags=["mjoin"],
+    doc_md=__doc__,
+)
+def mjoin_evaluate():
+    @task
+    def arguments() -> list[str]:
+        from mjoin.resources import Resources
+
+        p = get_current_context()["params"]
+        args = ["--query", p["query"], "--lake", p["lake"] or Resources.from_env().lake, "--from", p["start"],
+                "--to", p["end"], "--period", str(p["period"]), "--cycle", str(p["cycle"]), "--length", str(p["length"]),
+                "--strategies", ",".join(p["strategies"]), "--namespace", p["namespace"]]
+        if p["initial_order"]:
+            args += ["--initial-order", p["initial_order"]]
+        return args
+
+    @task
+    def show_comparison() -> dict:
+        import json
+
+        from mjoin import fsutil
+        from mjoin.commands.evaluate import format_summary
+        from mjoin.lake import Lake
+        from mjoin.query import load_query
+        from mjoin.resources import Resources
+
+        p = get_current_context()["params"]
+        lake = Lake(p["lake"] or Resources.from_env().lake, p["namespace"])
+        folder = fsutil.join(lake.reports(load_query(p["query"]).name), "evaluation")
+        doc = json.loads(fsutil.read_text(fsutil.join(folder, "summary.json")))
+        print(format_summary(doc["summary"]))
+        print(f"report: {folder}/index.html")
+        return {"report": f"{folder}/index.html", "strategies": len(doc["summary"])}
+
+    args = arguments()
+    run = SparkSubmitOperator(task_id="evaluate", application=str(JOBS / "evaluate.py"), application_args=args,
+                              conn_id="spark_default", name="mjoin-evaluate",
+                              conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+    args >> run >> show_comparison()
+
+
+mjoin_evaluate()
