@@ -234,6 +234,7 @@ def _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes,
             meta[epoch]["sketch"] = asdict(config.sketch)
     rows = pd.DataFrame(all_rows, columns=list(history.HISTORY_SCHEMA.names))
     rows["cycle_start"] = pd.to_datetime(rows["cycle_start"], utc=True)
+    rows.attrs["cycles"] = {iso(e): m for e, m in meta.items()}  # what history.read_history(meta=True) gives
     hist_rows = pd.DataFrame(columns=history.HISTOGRAM_COLUMNS)
     if hist is not None and len(hist):
         h = hist.copy()

@@ -224,7 +224,10 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             if part_class is None:
                 df = df.withColumn("g", F.lit(0).cast("bigint"))
             else:
-                df = df.withColumn("g", F.expr(sql_group_expr(f"k{classes.index(part_class)}", rule)).cast("bigint"))
+                # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
+                kcol = f"k{classes.index(part_class)}"
+                df = df.withColumn("g", F.expr(f"CASE WHEN {kcol} IS NULL THEN NULL "
+                                               f"ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"))
             df = df.where(F.expr(f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"))
             frames.append(df.select("sid", "t", "g", *[f"k{i}" for i in range(len(classes))]))
     if frames:
