@@ -166,3 +166,9 @@ def compare(got: pd.DataFrame, want: pd.DataFrame, keys: list[str], cols: list[s
         bad = merged[~np.isclose(merged[f"{c}_want"].astype(float), merged[f"{c}_got"].astype(float), rtol=1e-12, atol=1e-12)]
         assert bad.empty, f"{c} differs:\n{bad[keys + [c + '_want', c + '_got']].head(20)}"
     return merged
+
+
+def canon(st):
+    """A snapshot's values independent of the order of streams and edges."""
+    return {g: ({s: v.as_dict() for s, v in gs.streams.items()}, {e: v.as_dict() for e, v in gs.edges.items()})
+            for g, gs in st.groups.items()}
