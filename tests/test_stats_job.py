@@ -124,6 +124,17 @@ def test_histogram_matches_pandas(dataset, exact_run):
     assert exact_run.summary["streams"]["a"]["histogram_exact_keys"] == {"c0": False}
 
 
+def test_histogram_of_exact_keys(spark, dataset):
+    q, lake, data = dataset
+    run = compute_statistics(spark, q, lake, T0, T0 + 2 * TAU, TAU, StatsConfig(histogram_buckets=0))
+    h = run.histogram[run.histogram.stream == "a"]
+    df = data["a"][(data["a"].ts >= T0) & (data["a"].ts < T0 + 2 * TAU)].dropna(subset=["ka"])
+    want = df.groupby(df["ka"].astype(np.int64)).size()
+    got = h.groupby("bucket")["tuples"].sum()
+    assert got.to_dict() == want.to_dict() and 200 in got.index
+    assert run.summary["streams"]["a"]["histogram_exact_keys"] == {"c0": True}
+
+
 @pytest.mark.parametrize("rule, fn", [
     ({"method": "hash", "attr_class": "c0", "groups": 3}, lambda k: np.mod(k, 3)),
     ({"method": "range", "attr_class": "c0", "bounds": [4, 9]}, lambda k: np.searchsorted([4, 9], k, side="right")),

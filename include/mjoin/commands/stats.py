@@ -34,7 +34,7 @@ def add_arguments(p):
     p.add_argument("--partitioning", metavar="JSON", help="a partitioning rule as JSON (overrides --plan), e.g. "
                    '\'{"method": "hash", "attr_class": "c0", "groups": 4}\'')
     p.add_argument("--histogram-buckets", type=int, default=1024, metavar="B",
-                   help="per-key rate histogram buckets pmod(key, B) (default 1024)")
+                   help="per-key rate histogram buckets pmod(key, B) (default 1024; 0: exact keys)")
     p.add_argument("--sketch-depth", type=int, default=5, help="sketch mode: hash tables (default 5)")
     p.add_argument("--sketch-width", type=int, default=1024, help="sketch mode: buckets per table (default 1024)")
     p.add_argument("--sketch-dense-keys", type=int, default=64, help="sketch mode: heavy keys per stream held exactly")

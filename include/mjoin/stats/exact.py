@@ -14,8 +14,8 @@ How (each is one aggregation over the cached rows; no band join is materialised)
 - window_tuples(e_j) = #{ts <= e_j} - #{ts + W <= e_j}: every row adds +1 at the first cycle
   end at or after ``ts`` and -1 at the first one at or after ``ts + W``; prefix sums on the driver.
 - kappa: a row is in the state at the cycle ends ``ja..jc``; per key those ranges are merged
-  (window ``lag`` over the key's rows) and each merged run adds +1 at its start and -1 after its
-  end; prefix sums on the driver.
+  (running max of ``jc`` over the key's rows sorted by ``ja``) and each merged run adds +1 at
+  its start and -1 after its end; prefix sums on the driver.
 - edges, one pass per attribute class: the rows of every stream of the class become an
   *insert* event at ``ts`` and an *expire* event at ``ts + W_s``; sorted per key, the running
   sum of ``r``'s events (RANGE frame: all events at times ``<= ts_u``) is exactly the number of
@@ -78,12 +78,12 @@ def kappa(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int
     rows = parts[0]
     for p in parts[1:]:
         rows = rows.unionByName(p)
-    ranges = rows.where("ja <= jc").groupBy("sid", "ci", "g", "key", "ja").agg(F.max("jc").alias("jc"))
-    # ja and jc both grow with ts, so the ranges of a key sorted by ja overlap only their
-    # predecessor's; the part of a range not covered by earlier ones starts after their max jc.
-    prev = F.max("jc").over(Window.partitionBy("sid", "ci", "g", "key").orderBy("ja")
+    # Per key, the rows' ranges [ja, jc] sorted by ja; the part of a range not covered by the
+    # ranges before it starts after their max jc (one sort per key, no pre-aggregation: keys
+    # rarely repeat within a cycle, so grouping first would only add a shuffle).
+    prev = F.max("jc").over(Window.partitionBy("sid", "ci", "g", "key").orderBy("ja", "jc")
                             .rowsBetween(Window.unboundedPreceding, -1))
-    runs = (ranges.withColumn("a", F.greatest(F.col("ja"), F.coalesce(prev + 1, F.col("ja"))))
+    runs = (rows.where("ja <= jc").withColumn("a", F.greatest(F.col("ja"), F.coalesce(prev + 1, F.col("ja"))))
             .where("a <= jc")
             .select("sid", "ci", "g", F.expr("stack(2, a, 1, jc + 1, -1) AS (j, d)"))
             .where(f"j < {grid.n}")
@@ -127,7 +127,8 @@ def edge_counts(base, grid: Grid, windows_us: list[int], class_members: dict[int
 
 
 def histogram(base, grid: Grid, stream_classes: list[list[int]], buckets: int) -> pd.DataFrame:
-    """Per ``(sid, ci, j, bucket)``: rows of the cycle with ``pmod(key, buckets) = bucket``; plus key range."""
+    """Per ``(sid, ci, j, bucket)``: rows of the cycle with ``pmod(key, buckets) = bucket`` (``buckets = 0``:
+    ``bucket = key``); plus the key range, which tells whether the buckets are exact keys."""
     from pyspark.sql import functions as F
 
     parts = []
@@ -142,7 +143,8 @@ def histogram(base, grid: Grid, stream_classes: list[list[int]], buckets: int) -
     rows = parts[0]
     for p in parts[1:]:
         rows = rows.unionByName(p)
-    agg = (rows.groupBy("sid", "ci", "j", F.expr(f"pmod(key, {int(buckets)})").alias("bucket"))
+    bucket = f"pmod(key, {int(buckets)})" if buckets else "key"  # 0 buckets: exact keys
+    agg = (rows.groupBy("sid", "ci", "j", F.expr(bucket).alias("bucket"))
            .agg(F.count(F.lit(1)).alias("tuples"), F.min("key").alias("kmin"), F.max("key").alias("kmax")))
     return _pdf(agg)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -39,7 +39,7 @@ class StatsJobError(StatisticsError):
 class StatsConfig:
     mode: str = "exact"
     partitioning: dict | None = None  # a plan's partitioning rule (mjoin.partition); None: one group 0
-    histogram_buckets: int = 1024
+    histogram_buckets: int = 1024  # 0: exact keys (one row per key: only for small key domains)
     prune_arrivals: bool = True
     sketch: "object | None" = None  # mjoin.sketch.SketchConfig for mode="sketch" (defaults if None)
 
@@ -82,8 +82,8 @@ def make_grid(start, end, cycle_seconds) -> Grid:
 def _check_config(query, config: StatsConfig) -> None:
     if config.mode not in MODES:
         raise StatsJobError(f"mode {config.mode!r}: use one of {', '.join(MODES)}")
-    if int(config.histogram_buckets) < 1:
-        raise StatsJobError(f"histogram buckets must be >= 1, got {config.histogram_buckets}")
+    if int(config.histogram_buckets) < 0:
+        raise StatsJobError(f"histogram buckets must be >= 1 (or 0 for exact keys), got {config.histogram_buckets}")
     problems = rule_problems(config.partitioning, query)
     if problems:
         raise StatsJobError("partitioning cannot be used: " + "; ".join(problems))
@@ -127,7 +127,7 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
             from ..sketch import SketchConfig
             from . import sketchmode
 
-            config.sketch = config.sketch or SketchConfig()
+            config = replace(config, sketch=config.sketch or SketchConfig())
             t = time.perf_counter()
             kap, edges, sketch_info = sketchmode.sketch_statistics(spark, base, grid, windows_us, stream_classes,
                                                                    class_members, config.sketch)
@@ -267,8 +267,9 @@ def _summary(query, grid, config, counts, hist, reports, stream_classes, classes
             rec["null_partition_key"] = int(inside[inside["g"].isna()]["rows"].sum()) if len(inside) else 0
         if hist is not None and len(hist):
             h = hist[hist["sid"] == sid]
+            B = config.histogram_buckets
             rec["histogram_exact_keys"] = {
-                classes[ci]: bool(len(hh) == 0 or (hh["kmin"].min() >= 0 and hh["kmax"].max() < config.histogram_buckets))
+                classes[ci]: bool(B == 0 or len(hh) == 0 or (hh["kmin"].min() >= 0 and hh["kmax"].max() < B))
                 for ci in stream_classes[sid] for hh in [h[h["ci"] == ci]]}
         streams[s] = rec
     return {

@@ -76,9 +76,8 @@ def sketch_statistics(spark, base, grid: Grid, windows_us: list[int], stream_cla
         d_max = float(kap["kappa"].max()) if len(kap) else 0.0
         rate = 1.0 if d_max <= cfg.sample_keys else cfg.sample_keys / d_max
         # ---- pass 2: dense counts, residual sketch cells, the coordinated sample ------------
-        dense_df = spark.createDataFrame(top.assign(dense=True) if len(top) else
-                                         pd.DataFrame({"ci": pd.Series([], "int64"), "g": pd.Series([], "int64"),
-                                                       "key": pd.Series([], "int64"), "dense": pd.Series([], bool)}),
+        # (approx_top_k reports only keys it can vouch for: none when no key stands out)
+        dense_df = spark.createDataFrame([(int(r.ci), int(r.g), int(r.key), True) for r in top.itertuples(index=False)],
                                          "ci int, g bigint, key bigint, dense boolean")
         flagged = sl.join(F.broadcast(dense_df), on=["ci", "g", "key"], how="left")
         dense_counts = (flagged.where("dense").groupBy("sid", "ci", "g", "b", "key").agg(F.count(F.lit(1)).alias("n"))
