@@ -90,10 +90,11 @@ def test_window_weights():
 
 
 def test_auto_slices_and_config():
-    assert sk.auto_slices(30, [90, 150, 40]) == 3
-    assert sk.auto_slices(10, [300, 300]) == 1
-    assert sk.auto_slices(7, [300]) == 7
-    assert sk.auto_slices(30, [0.5]) == 8  # would need 60 slices: the largest divisor of 30 s (in ms) <= 8
+    assert sk.auto_slices(30, [90, 150, 40]) == 6  # 5 s slices divide 30, 90, 150, 40
+    assert sk.auto_slices(10, [300, 300]) == 4
+    assert sk.auto_slices(7, [300]) == 7  # only 1 s slices divide both
+    assert sk.auto_slices(30, [0.5]) == 8  # no alignment possible: the largest divisor <= 8
+    assert sk.auto_slices(9, [300]) == 6  # 1.5 s slices (3 s would align too, but fewer than 4)
     with pytest.raises(ValueError, match="width"):
         sk.SketchConfig(width=0)
     assert sk.SketchConfig().bytes_per_slice() > 5 * 1024 * 8

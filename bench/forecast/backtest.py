@@ -89,10 +89,10 @@ def backtest(history: pd.DataFrame, length: int, warmup: int):
                 merged = r.merge(a, on=keys, suffixes=("", "_actual"))
                 for stat in stats:
                     sub = merged[merged.statistic == stat]
-                    for rec in sub.itertuples(index=False):
+                    for rec in sub.to_dict("records"):  # ("lambda" is not an attribute name)
                         rows.append({"cycle": as_of, "model": model, "statistic": stat, "series":
-                                     f"{rec.group}/{rec.stream}" + (f"->{rec.right}" if ent == "edge" else ""),
-                                     "forecast": rec.value, "actual": getattr(rec, stat), "method": rec.method})
+                                     f"{rec['group']}/{rec['stream']}" + (f"->{rec['right']}" if ent == "edge" else ""),
+                                     "forecast": rec["value"], "actual": rec[stat], "method": rec["method"]})
     df = pd.DataFrame(rows)
     df["smape"] = smape(df["forecast"], df["actual"])
     df["abs_err"] = (df["forecast"] - df["actual"]).abs()

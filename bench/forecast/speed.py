@@ -92,6 +92,8 @@ def main(argv=None) -> int:
 
     query = load_query("tpcds_returns_by_address")
     group_counts = [1, 4] if args.quick else [1, 4, 8, 16]
+    h = synthetic_history(query, 20, 1)
+    forecast(h, h["cycle_start"].max() + pd.Timedelta(seconds=10), length=20)  # warm-up: imports, first fits
     whole = []
     for groups in group_counts:
         h = synthetic_history(query, 80, groups)

@@ -58,19 +58,19 @@ class SketchConfig:
         return self.depth * self.width * 8 + (self.dense_keys + self.sample_keys) * 16 + (1 << self.hll_lg_k)
 
 
-def auto_slices(cycle_seconds: float, windows, cap: int = 8) -> int:
-    """Slices per cycle so that every window is a whole number of slices (at most ``cap``).
-
-    The slice is ``gcd(tau, W_1, ..., W_n)`` in milliseconds; when that would need more
-    than ``cap`` slices per cycle, the largest divisor of ``tau`` (in ms) up to ``cap``."""
-    ms = [int(round(x * 1000)) for x in [cycle_seconds, *windows]]
-    g = 0
-    for v in ms:
-        g = math.gcd(g, v)
-    s = ms[0] // g if g else 1
-    if s <= cap:
-        return max(s, 1)
-    return max(d for d in range(1, cap + 1) if ms[0] % d == 0)
+def auto_slices(cycle_seconds: float, windows, minimum: int = 4, cap: int = 8) -> int:
+    """Slices per cycle: the smallest count >= ``minimum`` (at most ``cap``) whose slice divides the
+    cycle and every window (in ms); else the largest such count <= ``cap``; else the largest divisor
+    of the cycle <= ``cap``. More slices: less error from the time slicing, more memory
+    (bench/stats/sketch_error.py)."""
+    tau = int(round(cycle_seconds * 1000))
+    ws = [int(round(w * 1000)) for w in windows]
+    divisors = [s for s in range(1, cap + 1) if tau % s == 0]
+    aligned = [s for s in divisors if all(w % (tau // s) == 0 for w in ws)]
+    if aligned:
+        big = [s for s in aligned if s >= minimum]
+        return min(big) if big else max(aligned)
+    return max(divisors)
 
 
 # ---- hashing -----------------------------------------------------------------------
