@@ -277,3 +277,28 @@ def test_cli_stats_then_forecast(spark, dataset, tmp_path, capsys):
     rc = main(["stats", "--query", str(spec), "--lake", lake.root, "--from", str(T0), "--to", str(T0 + 45),
                "--cycle", "30", "--out", str(out), "--plan", "none"])
     assert rc == 2 and "whole number" in capsys.readouterr().err
+
+
+def test_cli_takes_key_groups_from_the_active_plan(dataset, tmp_path):
+    import argparse
+
+    from mjoin.commands.stats import _partitioning
+    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.registry import PlanRegistry
+
+    q, _, _ = dataset
+    lake = Lake(str(tmp_path / "lake"))
+    ns = argparse.Namespace(partitioning=None, plan="active")
+    assert _partitioning(ns, q, lake) == (None, "no active plan")
+    rule = {"method": "hash", "attr_class": "c0", "groups": 2}
+    orders = orders_from_permutation(q, q.stream_names)
+    plan = make_plan(q, {0: orders, 1: orders}, "fixed", partitioning=rule)
+    reg = PlanRegistry(lake, q.name)
+    reg.activate(reg.publish(plan, query=q))
+    assert _partitioning(ns, q, lake) == (rule, "active plan v1")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert _partitioning(argparse.Namespace(partitioning=None, plan=str(path)), q, lake)[0] == rule
+    assert _partitioning(argparse.Namespace(partitioning='{"method": "hash", "attr_class": "c0", "groups": 5}',
+                                            plan="active"), q, lake)[0]["groups"] == 5
+    assert _partitioning(argparse.Namespace(partitioning=None, plan="none"), q, lake) == (None, "none")

@@ -306,7 +306,8 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
     counts = pd.Series([s.method for s in series]).value_counts().to_dict() if series else {}
     st.meta = {
         "as_of": iso(parse_time(as_of)), "length": int(length), "horizon": horizon, "model": config.model,
-        "cycles_used": int(past["cycle_start"].nunique()), "first_cycle": iso(grid[0]), "last_cycle": iso(grid[-1]),
+        "cycles_used": int(past["cycle_start"].nunique()), "first_cycle": iso(past["cycle_start"].min()),
+        "last_cycle": iso(grid[-1]),
         "interval_level": config.level, "methods": {k: int(v) for k, v in counts.items()}, "notes": notes,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "series": {s.key: {"method": s.method, "reason": s.reason, "n_points": s.n_points, "lower": _clean(s.lower),
