@@ -77,6 +77,8 @@ def test_wrong_query_rows_and_grid_conflicts(seed_query, two_class_query, tmp_pa
         history.check_grid(root, seed_query.name, T0 + 5, T0 + 25, 10)
     with pytest.raises(history.HistoryError, match="one cycle length"):
         history.check_grid(root, seed_query.name, T0, T0 + 60, 30)
+    with pytest.raises(history.HistoryError, match="one cycle length"):  # adjacent, other length
+        history.check_grid(root, seed_query.name, T0 + 10, T0 + 70, 30)
     with pytest.raises(history.HistoryError, match="no statistics history for query"):
         history.read_history(root, "nope")
     history.write_cycle(root, two_class_query.name, T0, cycle_rows(two_class_query, T0)[0])

@@ -196,21 +196,33 @@ def write_run_summary(root, query_name: str, summary: dict) -> str:
 
 
 def check_grid(root, query_name: str, start, end, cycle_seconds: float) -> None:
-    """Refuse to write cycles that would overlap stored cycles of another grid (phase or length)."""
+    """Refuse to write cycles that would overlap stored cycles of another grid (phase or length).
+
+    Looks at the stored cycles inside ``[start, end)`` (they will be replaced: they must be on
+    the same grid) and at the last stored cycle before ``start`` (it must end by ``start``)."""
     t0, t1 = to_epoch(start), to_epoch(end)
-    stored = list_cycles(root, query_name, t0 - 3600 * 24, t1)
-    for e in stored:
-        if e < t0 - cycle_seconds or e >= t1:
-            continue
-        off_grid = (e - t0) % cycle_seconds != 0
-        if off_grid or (e < t0 and e + cycle_seconds > t0):
-            raise HistoryError(f"the history of {query_name} holds cycle {iso(e)} that overlaps the new cycles "
-                               f"[{iso(t0)}, {iso(t1)}) of {cycle_seconds:g}s on another grid; "
-                               f"use the same cycle grid or remove {cycle_name(e)}")
-        meta = read_cycle_meta(root, query_name, e)
-        if meta and meta.get("cycle_seconds") not in (None, cycle_seconds):
-            raise HistoryError(f"the history of {query_name} holds cycle {iso(e)} of {meta['cycle_seconds']}s; "
-                               f"the new cycles are {cycle_seconds:g}s (one history has one cycle length)")
+    qd = query_dir(root, query_name)
+    stored = _epochs_in(qd)
+    before = [e for e in stored if e < t0]
+    inside = [e for e in stored if t0 <= e < t1]
+
+    def length(e):
+        return (read_cycle_meta(root, query_name, e) or {}).get("cycle_seconds") or cycle_seconds
+
+    for e in inside:
+        if (e - t0) % cycle_seconds or length(e) != cycle_seconds:
+            raise HistoryError(f"the history of {query_name} holds cycle {iso(e)} ({length(e):g}s) that overlaps the "
+                               f"new {cycle_seconds:g}s cycles [{iso(t0)}, {iso(t1)}) on another grid; use the same "
+                               f"cycle grid (one history has one cycle length) or remove {cycle_name(e)}")
+    if before:
+        e = before[-1]
+        if e + length(e) > t0:
+            raise HistoryError(f"the history of {query_name} holds cycle {iso(e)} ({length(e):g}s) that overlaps the "
+                               f"new cycles from {iso(t0)} on another grid; use the same cycle grid or remove "
+                               f"{cycle_name(e)}")
+        if length(e) != cycle_seconds:
+            raise HistoryError(f"the history of {query_name} has {length(e):g}s cycles (last before the interval: "
+                               f"{iso(e)}); the new cycles are {cycle_seconds:g}s (one history has one cycle length)")
 
 
 # ---- reading ------------------------------------------------------------------------
