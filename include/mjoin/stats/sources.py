@@ -126,8 +126,12 @@ def file_problem(schema: pa.Schema, stream) -> str | None:
         if c in stream.keys and fam != "integral":
             return f"key column {c!r} has type {schema.field(c).type}; join keys must be integral"
         if c == stream.event_time.column:
+            typ = schema.field(c).type
+            if pa.types.is_timestamp(typ) and typ.unit == "ns":
+                return (f"event-time column {c!r} is {typ}: Spark cannot read nanosecond Parquet timestamps; "
+                        "land microseconds (pyarrow: coerce_timestamps='us')")
             want = _spec_family(stream.columns[c])
-            if fam != want and not (want == "timestamp" and fam == "date"):
+            if fam != want:
                 return (f"event-time column {c!r} has type {schema.field(c).type}, the spec declares "
                         f"{stream.columns[c]}")
     return None
@@ -177,6 +181,23 @@ def select_files(lake, stream, lo_epoch: float, hi_epoch: float | None, prune: b
     return files
 
 
+def _spark_type(t: pa.DataType) -> str:
+    """The Spark type to request for a Parquet column of arrow type ``t`` (integers widen to bigint)."""
+    if pa.types.is_integer(t):
+        return "bigint"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_floating(t):
+        return "double"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz else "timestamp_ntz"
+    if pa.types.is_date(t):
+        return "date"
+    return "string"
+
+
 def _schema_of(path) -> pa.Schema:
     fs, p = fsutil.resolve(path)
     return pq.read_schema(p, filesystem=fs)
@@ -208,14 +229,19 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             if why:
                 rep.rejected_files.append({"file": f, "reason": why})
                 continue
-            sig = tuple(str(schema.field(c).type) for c in needed_columns(s))
+            sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s))
             by_schema.setdefault(sig, []).append(f)
         rep.files = sum(len(v) for v in by_schema.values())
         for r in rep.rejected_files:
             log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])
         lo_us = grid.t0_us - int(round(s.window * US))
-        for paths in by_schema.values():
-            df = spark.read.parquet(*[_spark_path(p) for p in paths])
+        for sig, paths in by_schema.items():
+            reader = spark.read
+            if s.event_time.expr is None:
+                # only the needed columns, with explicit types: other columns (even ones Spark cannot
+                # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
+                reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s), sig)))
+            df = reader.parquet(*[_spark_path(p) for p in paths])
             cols = [F.lit(sid).cast("int").alias("sid"), F.expr(event_time_sql(s)).alias("t")]
             for ci, c in enumerate(classes):
                 kc = query.key_column(s.name, c)
