@@ -22,10 +22,10 @@ edge (``gamma``, ``mu``), over the last ``length`` cycles with ``cycle_start < a
 - prediction intervals at ``config.level``: ``Holt`` results carry none, so they come from
   the fit's one-step residual standard deviation, widened for longer horizons with the
   ETS(A,A,N) / ETS(A,Ad,N) variance formula; ``ETSModel`` gives the same from its own MLE
-  but fits ~10x slower (bench/forecast/speed.py measures both).
+  but fits 15-20x slower (bench/forecast/speed.py measures both).
 
 The fit uses SLSQP without the brute-force start grid: on 60-point series that is
-~20x faster than statsmodels' defaults (L-BFGS-B after a brute grid) with the same
+10-30x faster than statsmodels' defaults (L-BFGS-B after a brute grid) with the same
 one-step errors (bench/forecast/speed.py), which keeps hundreds of series per
 re-optimization within a few seconds.
 """
