@@ -161,7 +161,7 @@ class BatchRunner:
         self.arrow_schema = arrow_frame_schema(self.eq)
         self.result_schema = arrow_result_schema(self.eq)
         self.partitions = config.shuffle_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
-        self.store.check_buckets(config.buckets)
+        self.store.check_compatible(config.buckets, self.eq.fingerprint)
 
     # ---- stage inputs ---------------------------------------------------------------------
     def route(self, deltas, keep=()):

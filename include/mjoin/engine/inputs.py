@@ -28,7 +28,6 @@ def default_plan(query: Query) -> Plan:
 def as_plan(query: Query, plan) -> tuple[Plan, str]:
     """(validated plan, where it came from): a Plan, a plan file path, or None (the default)."""
     if plan is None:
-        log.info("no plan given: using the fixed order of the spec's stream order (%s)", ",".join(query.stream_names))
         return default_plan(query), "default"
     if isinstance(plan, Plan):
         return plan.validate(query), "cli"
@@ -37,6 +36,8 @@ def as_plan(query: Query, plan) -> tuple[Plan, str]:
 
 def compile_plan(query: Query, plan, config, source: str | None = None) -> CompiledPlan:
     p, src = as_plan(query, plan)
+    if src == "default":
+        log.info("no plan given: using the fixed order of the spec's stream order (%s)", ",".join(query.stream_names))
     return CompiledPlan.from_plan(query, p, source=source or src, prefilter=config.prefilter)
 
 

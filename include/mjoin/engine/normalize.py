@@ -269,6 +269,11 @@ def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_
     return frame
 
 
+#: quarantined rows up to this count are collected and written by the driver (one small Spark
+#: job per batch instead of one write job per stream); more are written by Spark.
+DRIVER_WRITE_LIMIT = 100_000
+
+
 def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: str, eq: EngineQuery,
                      batch_id: int | None = None) -> None:
     """Rejected rows (reason, file, the row as JSON) under ``quarantine/<query>/<stream>/rows/batch=<B>/``
@@ -278,19 +283,40 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
 
     from pyspark.sql import functions as F
 
-    for stream, reasons in counts.items():
-        if not any(n for r, n in reasons.items() if r != "bad_schema"):
-            continue
-        bad = frame.where(F.col("_reason").isNotNull() & (F.col("_s") == eq.index(stream)))
-        base = fsutil.join(out_lake.quarantine(query_name, stream), "rows")
-        cols = [F.col("_reason").alias("reason"), F.col("_file").alias("file"), F.col("_raw").alias("row")]
-        if batch_id is None:
-            bad.select(*cols, F.col("_batch").alias("batch")).write.mode("overwrite").partitionBy("batch").parquet(base)
+    streams = [s for s, reasons in counts.items() if any(n for r, n in reasons.items() if r != "bad_schema")]
+    total = sum(n for s in streams for r, n in counts[s].items() if r != "bad_schema")
+    if streams:
+        bad = frame.where(F.col("_reason").isNotNull() & F.col("_s").isin([eq.index(s) for s in streams]))
+        batch_col = F.col("_batch") if batch_id is None else F.lit(batch_id)
+        bad = bad.select(F.col("_s"), batch_col.cast("int").alias("batch"), F.col("_reason").alias("reason"),
+                         F.col("_file").alias("file"), F.col("_raw").alias("row"))
+        if total <= DRIVER_WRITE_LIMIT:
+            _write_quarantine_rows(bad.toArrow(), out_lake, query_name, eq)
         else:
-            bad.select(*cols).write.mode("overwrite").parquet(fsutil.join(base, f"batch={batch_id}"))
+            for s in streams:
+                base = fsutil.join(out_lake.quarantine(query_name, s), "rows")
+                part = bad.where(F.col("_s") == eq.index(s)).drop("_s")
+                if batch_id is None:
+                    part.write.mode("overwrite").partitionBy("batch").parquet(base)
+                else:
+                    part.drop("batch").write.mode("overwrite").parquet(fsutil.join(base, f"batch={batch_id}"))
     by_stream: dict = {}
     for r in rejects:
         by_stream.setdefault(r.stream, []).append(r.to_json())
     for stream, items in by_stream.items():
         name = f"files-batch={batch_id if batch_id is not None else 1}.json"
         fsutil.atomic_write_text(fsutil.join(out_lake.quarantine(query_name, stream), name), json.dumps(items, indent=1))
+
+
+def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: EngineQuery) -> None:
+    import numpy as np
+
+    s_col = np.asarray(table.column("_s").to_numpy(zero_copy_only=False))
+    b_col = np.asarray(table.column("batch").to_numpy(zero_copy_only=False))
+    rest = table.drop_columns(["_s", "batch"])
+    for s, b in sorted({(int(x), int(y)) for x, y in zip(s_col, b_col)}):
+        part = rest.filter(pa.array((s_col == s) & (b_col == b)))
+        sink = pa.BufferOutputStream()
+        pq.write_table(part, sink)
+        path = fsutil.join(out_lake.quarantine(query_name, eq.streams[s]), "rows", f"batch={b}", "part-00000.parquet")
+        fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())

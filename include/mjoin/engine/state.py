@@ -78,11 +78,18 @@ class StateStore:
         doc = dict(doc, committed_at=iso(datetime.now(timezone.utc)))
         fsutil.atomic_write_text(self.manifest_path(doc["version"]), json.dumps(doc, indent=1, sort_keys=True))
 
-    def check_buckets(self, buckets: int) -> None:
+    def check_compatible(self, buckets: int, fingerprint: str) -> None:
+        """The committed state can continue under this run's bucket count and query spec."""
         m = self.latest()
-        if m is not None and m.get("buckets") != buckets:
+        if m is None:
+            return
+        if m.get("buckets") != buckets:
             raise EngineError(f"the state in {self.root} was built with {m.get('buckets')} buckets, this run uses "
                               f"{buckets}; use --buckets {m.get('buckets')} or start from an empty state")
+        if m.get("query_fingerprint") != fingerprint:
+            raise EngineError(f"the state in {self.root} was built for another version of the query spec "
+                              f"(fingerprint {m.get('query_fingerprint')}, now {fingerprint}); start from an empty "
+                              "state and checkpoint")
 
     def gc(self, keep: int) -> list[str]:
         """Delete manifests beyond the newest ``keep`` and every file no kept manifest names."""
