@@ -73,20 +73,20 @@ def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int) -> str:
 
 
 @dataclass
-class Prepared:
-    """The interval's input, read, validated and routed to key buckets once (shared by every
-    plan evaluated on it)."""
+class IntervalInput:
+    """The interval's rows, read and validated once: every valid row with its batch (column
+    ``_batch``: 0 = warm-up, 1.. = cycles), counts of what was rejected."""
 
     start_us: int
     end_us: int
     cycle_us: int
     n_batches: int
-    routed: object  # persisted Spark DataFrame: stage-1 rows of every batch (column _batch), by (_c, _b)
+    frame: object  # persisted Spark DataFrame of frame rows with _reason and _batch, or None
     rejects: list  # FileReject
     rows_in: dict  # batch -> stream -> valid rows
     counts: dict  # batch -> stream -> reason -> rows
     ts_range: dict  # batch -> (min ts, max ts) of valid rows
-    seconds: float
+    seconds: float = 0.0
 
     def quarantine_totals(self) -> dict:
         totals: dict = {}
@@ -97,24 +97,23 @@ class Prepared:
                     totals[s][reason] += n
         return totals
 
-    def batch_input(self, b: int) -> BatchInput:
-        lo, hi = self.ts_range.get(b, (None, None))
-        return BatchInput(deltas=None, routed=self.routed.where(f"_batch = {b}").drop("_batch"),
-                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}), max_ts=hi, min_ts=lo,
-                          quarantined_files=[r.to_json() for r in self.rejects] if b == 1 else [])
+    def valid(self):
+        from pyspark.sql import functions as F
+
+        return None if self.frame is None else self.frame.where(F.col("_reason").isNull())
 
     def release(self) -> None:
-        self.routed.unpersist()
+        if self.frame is not None:
+            self.frame.unpersist()
 
 
-def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
-    """Read every landed file of the query's streams once, validate (quarantine into the runner's
-    lake), assign rows to batches, route them to key buckets, cache."""
+def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> IntervalInput:
+    """Read every landed file of the query's streams once, validate (rejected rows and files go to
+    ``out_lake``'s quarantine), assign rows to batches, cache."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
-    eq = runner.eq
     start_us, end_us = to_micros(start), to_micros(end)
     cycle_us = int(round(float(cycle) * MICROS))
     if cycle_us <= 0 or end_us <= start_us:
@@ -126,7 +125,6 @@ def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cyc
     rows_in: dict = {}
     counts: dict = {}
     ts_range: dict = {}
-    batches = list(range(0, n_batches + 1))
     if frame is not None:
         frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
             .where(F.col("_batch").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
@@ -146,21 +144,51 @@ def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cyc
                 for reason, n in reasons.items():
                     totals.setdefault(s, {}).setdefault(reason, 0)
                     totals[s][reason] += n
-        write_quarantine(frame, totals, [], runner.lake, query.name, eq)
-        valid = frame.where(F.col("_reason").isNull())
-        routed = runner.route(valid, keep=("_batch",)).unionByName(runner.ticks(batches))
-    else:
-        routed = runner.ticks(batches)
-    routed = runner.partitioned(routed).persist(StorageLevel.MEMORY_AND_DISK)
-    routed.count()
-    if frame is not None:
-        frame.unpersist()
-    write_quarantine(None, {}, inspected.rejects, runner.lake, query.name, eq)
+        write_quarantine(frame, totals, [], out_lake, query.name, eq)
+    write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     for rej in inspected.rejects:  # rejected files count in the first batch
         per = counts.setdefault(1, {}).setdefault(rej.stream, {})
         per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
-    return Prepared(start_us, end_us, cycle_us, n_batches, routed, inspected.rejects, rows_in, counts, ts_range,
-                    time.perf_counter() - t0)
+    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, ts_range,
+                         time.perf_counter() - t0)
+
+
+@dataclass
+class Prepared(IntervalInput):
+    """The interval's input routed to key buckets once (shared by every plan evaluated on it)."""
+
+    routed: object = None  # persisted: stage-1 rows of every batch (column _batch), partitioned by (_c, _b)
+
+    def batch_input(self, b: int) -> BatchInput:
+        lo, hi = self.ts_range.get(b, (None, None))
+        return BatchInput(deltas=None, routed=self.routed.where(f"_batch = {b}").drop("_batch"),
+                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}), max_ts=hi, min_ts=lo,
+                          quarantined_files=[r.to_json() for r in self.rejects] if b == 1 else [])
+
+    def release(self) -> None:
+        self.routed.unpersist()
+
+
+def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
+    """:func:`read_interval`, then route every batch's rows (and its bucket ticks) to key buckets once."""
+    from dataclasses import fields
+
+    from pyspark import StorageLevel
+
+    t0 = time.perf_counter()
+    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
+    batches = list(range(0, data.n_batches + 1))
+    valid = data.valid()
+    routed = runner.ticks(batches)
+    if valid is not None:
+        routed = runner.route(valid, keep=("_batch",)).unionByName(routed)
+    routed = runner.partitioned(routed).persist(StorageLevel.MEMORY_AND_DISK)
+    routed.count()
+    data.release()
+    prepared = Prepared(**{f.name: getattr(data, f.name) for f in fields(IntervalInput)}, routed=routed)
+    prepared.frame = None
+    prepared.seconds = time.perf_counter() - t0
+    return prepared
 
 
 def warm_up(runner: BatchRunner, compiled, prepared: Prepared) -> dict:
