@@ -157,3 +157,49 @@ def test_keyed_rows_index_and_expand():
     assert count.tolist() == [2, 0, 1, 0, 0] and start[[0, 2]].tolist() == [1, 3]
     assert expand(np.array([1, 3]), np.array([2, 1])).tolist() == [1, 2, 3]
     assert len(rows.purge(2)) == 2 and rows.purge(0) is rows
+
+
+def test_state_log_appends_deltas_compacts_and_reads_back(tmp_path):
+    """Durable state: each version appends the new rows or compacts; a cold reader (no cache), a
+    reader holding the previous version, and the writer all see exactly the live rows."""
+    from mjoin.engine import state as st
+    from mjoin.engine.operator import StateUpdate
+
+    rng = np.random.default_rng(1)
+    root = str(tmp_path)
+    live = KeyedRows(pa.table({"_ts": pa.array([], pa.int64()), "_k_c0": pa.array([], pa.int64())}), "_k_c0")
+    entry, seen_compaction, appended, lengths = None, False, False, []
+    for version in range(1, 30):
+        n = int(rng.integers(0, 40))
+        t0 = version * 10
+        delta = KeyedRows(pa.table({"_ts": pa.array(rng.integers(t0, t0 + 10, n), pa.int64()),
+                                    "_k_c0": pa.array(rng.integers(0, 5, n), pa.int64())}), "_k_c0")
+        threshold = t0 - 35  # a window of ~35 time units
+        full = live.concat(delta)
+        new = full.purge(threshold)
+        update = StateUpdate(new, delta, threshold, changed=new is not live)
+        prev_entry, prev_live = entry, live
+        entry = st.persist_state(root, version, "c0", "s", 0, entry, update, 1 << 30) if update.changed else entry
+        live = new
+        if entry is None:
+            continue
+        lengths.append(len(entry["files"]))
+        seen_compaction |= prev_entry is not None and len(entry["files"]) == 1 and len(prev_entry["files"]) > 1
+        assert entry["tuples"] == len(live)
+        expect = sorted(zip(live.key.tolist(), live.ts.tolist()))
+        # the writer's cache
+        rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
+        assert source == "cache" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
+        # a cold reader
+        st._CACHE.clear()
+        rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
+        assert source == "files" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
+        assert (np.diff(rows.key) >= 0).all()
+        # a reader holding the previous version reads only the appended file
+        if prev_entry is not None and entry["files"][:-1] == prev_entry["files"]:
+            st._CACHE.clear()
+            st._cache_put((root, tuple(prev_entry["files"])), prev_live, 1 << 30)
+            rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
+            assert source == "cache+file" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
+            appended = True
+    assert appended and seen_compaction and max(lengths) <= st.MAX_FILES and max(lengths) > 1

@@ -35,7 +35,7 @@ from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
 from .metrics import shuffle_bytes, write_record
 from .operator import BucketContext, process_bucket
-from .state import StateStore, file_key, load_rows, write_rows
+from .state import StateStore, file_key, load_state, persist_state
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,12 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             cls = classes[ci]
             rows = t.slice(int(s), int(e - s))
 
+            sources = {}
+
             def load(attr_class, stream, b):
-                return load_rows(state_root, prev_files.get(file_key(attr_class, stream, b)), key_name(attr_class),
-                                 cache_bytes)
+                rows, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, b)),
+                                                   key_name(attr_class), cache_bytes)
+                return rows
 
             out = process_bucket(ctx, cls, bucket, rows, load)
             t0 = time.perf_counter()
@@ -120,16 +123,13 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
                 part = pa.concat_tables(out.partials)
                 _write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), part)
             state = []
-            for stream, (rows_new, changed) in out.new_state.items():
-                key = file_key(cls, stream, bucket)
-                rel = prev_files.get(key)
-                if changed:
-                    rel = None
-                    if len(rows_new):
-                        rel = StateStore.file_rel(ctx.batch_id, cls, stream, bucket)
-                        write_rows(state_root, rel, rows_new, cache_bytes)
-                state.append({"stream": stream, "file": rel, "tuples": len(rows_new), "keys": rows_new.nkeys,
-                              "changed": changed})
+            for stream, update in out.new_state.items():
+                prev = prev_files.get(file_key(cls, stream, bucket))
+                entry = persist_state(state_root, ctx.batch_id, cls, stream, bucket, prev, update, cache_bytes) \
+                    if update.changed else prev
+                state.append({"stream": stream, "entry": entry, "tuples": len(update.rows),
+                              "keys": update.rows.nkeys, "changed": update.changed})
+            out.doc["state_sources"] = sources
             out.doc["state"] = state
             out.doc["write_seconds"] = time.perf_counter() - t0
             out.doc["pid"] = os.getpid()
@@ -262,8 +262,8 @@ class BatchRunner:
                 continue
             for st in d["state"]:
                 key = file_key(d["class"], st["stream"], d["bucket"])
-                if st["file"]:
-                    files[key] = st["file"]
+                if st["entry"]:
+                    files[key] = st["entry"]
                 else:
                     files.pop(key, None)
         max_ts = max([v for v in ((prev or {}).get("max_ts"), binput.max_ts) if v is not None], default=None)
@@ -314,7 +314,8 @@ class BatchRunner:
                 for k in ("rows_in", "seconds", "materialise_seconds", "results", "partials"):
                     a[k] += c[k]
                 for idx, st in c["steps"].items():
-                    s = a["steps"].setdefault(int(idx), {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0})
+                    s = a["steps"].setdefault(int(idx), {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
+                                                         "calls": 0})
                     for k in s:
                         s[k] += st[k]
         for g in plan.groups:
@@ -324,12 +325,14 @@ class BatchRunner:
                                      "partials": 0, "steps": {}})
                 steps = []
                 for k, (l, r, cls) in enumerate(chain.steps):
-                    st = a["steps"].get(k, {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0})
+                    st = a["steps"].get(k, {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
+                                            "calls": 0})
                     v = views.get((cls, r), {"old_keys": 0, "full_keys": 0})
                     kappa = v["full_keys"] if eq.index(r) < eq.index(s) else v["old_keys"]
                     steps.append({"left": l, "right": r, "attr_class": cls, "lookups": st["lookups"],
                                   "found": st["found"], "hits": st["hits"], "matches": st["matches"], "kappa": kappa,
-                                  "seconds": round(st["seconds"], 6), "strategy": "index-nested-loop",
+                                  "seconds": round(st["seconds"], 6), "calls": st["calls"],
+                                  "strategy": "index-nested-loop",
                                   "stage": _stage_of(chain, k)})
                 chains.append({"stream": s, "group": g, "rows_in": a["rows_in"], "seconds": round(a["seconds"], 6),
                                "materialise_seconds": round(a["materialise_seconds"], 6), "results": a["results"],
@@ -359,12 +362,22 @@ class BatchRunner:
             "state_load_seconds": round(sum(d["load_seconds"] for d in docs), 6),
             "state_write_seconds": round(sum(d.get("write_seconds", 0.0) for d in docs), 6),
             "workers": sorted({d["pid"] for d in docs}),
+            "state_reads": _count_sources(docs),
             "watermark": None, "max_ts": binput.max_ts,
             "spark_strategies": {"delta_exchange": f"hashpartitioning(_c, _b, {self.partitions})",
                                  "state": "per-bucket Arrow files, no Spark join"},
         }
         record.update(extra)
         return record
+
+
+def _count_sources(docs) -> dict:
+    """How the tasks got their state: from the worker's memory, memory plus one file, files, or empty."""
+    out: dict = {}
+    for d in docs:
+        for src in d.get("state_sources", {}).values():
+            out[src] = out.get(src, 0) + 1
+    return out
 
 
 def _stage_of(chain, step: int) -> int:

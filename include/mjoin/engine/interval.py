@@ -182,7 +182,9 @@ def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cyc
     routed = runner.ticks(batches)
     if valid is not None:
         routed = runner.route(valid, keep=("_batch",)).unionByName(routed)
-    routed = runner.partitioned(routed).persist(StorageLevel.MEMORY_AND_DISK)
+    # sorted by batch inside each partition, so that the in-memory column batches' statistics let
+    # every batch's scan skip the other batches' rows
+    routed = runner.partitioned(routed).sortWithinPartitions("_batch").persist(StorageLevel.MEMORY_AND_DISK)
     routed.count()
     data.release()
     prepared = Prepared(**{f.name: getattr(data, f.name) for f in fields(IntervalInput)}, routed=routed)

@@ -177,10 +177,11 @@ class StepStats:
     hits: int = 0  # lookups with >= 1 time-compatible match (m)
     matches: int = 0  # time-compatible matching tuples (s)
     seconds: float = 0.0
+    calls: int = 0  # vectorised lookups issued (one per bucket and chain with groups alive)
 
     def to_json(self) -> dict:
         return {"left": self.left, "right": self.right, "lookups": self.lookups, "found": self.found,
-                "hits": self.hits, "matches": self.matches, "seconds": self.seconds}
+                "hits": self.hits, "matches": self.matches, "seconds": self.seconds, "calls": self.calls}
 
 
 @dataclass
@@ -201,6 +202,7 @@ def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
             view = views[right]
             start, count = view.ranges(groups.key[alive])
             st.lookups = len(alive)
+            st.calls = 1
             st.found = int(np.count_nonzero(count))
             grp = np.repeat(alive, count)
             cand = expand(start, count)
@@ -314,11 +316,22 @@ class BucketContext:
 
 
 @dataclass
+class StateUpdate:
+    """A (class, stream, bucket) state after a batch: the rows kept, the batch's new rows, and the
+    purge threshold (rows with ts <= it are gone)."""
+
+    rows: KeyedRows
+    delta: KeyedRows
+    threshold: int | None
+    changed: bool
+
+
+@dataclass
 class BucketOutput:
     doc: dict
     results: list = field(default_factory=list)  # pa.Tables
     partials: list = field(default_factory=list)  # pa.Tables in frame schema
-    new_state: dict = field(default_factory=dict)  # stream -> (KeyedRows, changed)
+    new_state: dict = field(default_factory=dict)  # stream -> StateUpdate
 
 
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
@@ -501,9 +514,9 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 chains.append(doc)
     if ctx.stage == 1:
         for j in members:
-            new = full[j].purge(None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j])
-            changed = new is not old[j]
-            out.new_state[j] = (new, changed)
+            threshold = None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j]
+            new = full[j].purge(threshold)
+            out.new_state[j] = StateUpdate(new, delta[j], threshold, changed=new is not old[j])
     out.doc["prefilter"] = pre
     out.doc["views"] = {j: {"old_keys": old[j].nkeys, "full_keys": full[j].nkeys, "old_tuples": len(old[j]),
                             "full_tuples": len(full[j])} for j in members}

@@ -1,20 +1,25 @@
-"""Durable, versioned window state: one Arrow IPC file per (class, stream, bucket) and version.
+"""Durable, versioned window state: per (class, stream, bucket) a short log of immutable Arrow IPC files.
 
 Layout under ``<lake>/state/<query>/``::
 
-    v00000007/c0/cu/b00003.arrow     rows sorted by (key, ts): _ts, _k_<class>..., payload
-    manifests/v00000007.json         the commit of batch 7: which file holds each
-                                     (class, stream, bucket), the max event time seen,
-                                     the plan version, counts
-    tmp/batch=7/stage=2/...          partial results between stages of batch 7
+    v00000007/c0/cu/b00003-<id>.arrow   rows sorted by (key, ts): _ts, _k_<class>..., payload
+    manifests/v00000007.json            the commit of batch 7: per (class, stream, bucket) the files
+                                        holding its state, the purge threshold, counts; the max
+                                        event time seen, the plan version
+    tmp/batch=7/stage=2/...             partial results between stages of batch 7
 
-Batch ``B`` reads the latest manifest with version < B and writes version B;
-the driver writes the manifest only after every task succeeded (the commit).
-A crash before it leaves the previous version in force, and the re-run of B
-overwrites B's files. An unchanged (class, stream, bucket) keeps pointing at the
-file of an older version; garbage collection keeps every file a kept manifest
-names. Files are immutable once committed, so Python workers cache them in memory
-across batches (:func:`load_rows`), keyed by path.
+A (class, stream, bucket) state is the union of the rows of its files with ``ts`` above
+its purge threshold. A batch appends one file with only its new rows (the durable
+copy costs the delta, not the state); when the files hold more than twice the live
+rows or more than :data:`MAX_FILES` files, the task writes the live state as one file
+instead (compaction). Batch ``B`` reads the latest manifest with version < B and
+writes version B; the driver writes the manifest only after every task succeeded
+(the commit). A crash before it leaves the previous version in force, and the re-run
+of B writes new files (unique names) for a new manifest. Garbage collection keeps
+every file a kept manifest names. Files are immutable, so Python workers keep the
+materialised state in memory between batches (:func:`load_state`), keyed by the
+file list; a worker that misses the cache but holds the list without its newest
+file reads only that file.
 """
 from __future__ import annotations
 
@@ -99,7 +104,8 @@ class StateStore:
             fsutil.remove(self.manifest_path(v))
         referenced = set()
         for v in kept:
-            referenced.update(self.manifest(v)["files"].values())
+            for entry in self.manifest(v)["files"].values():
+                referenced.update(entry["files"])
         oldest = kept[0] if kept else None
         removed = []
         for name in fsutil.listdir(self.root):
@@ -124,17 +130,20 @@ class StateStore:
 
 # ---- worker side: read/write state files, cache them between batches -------------------
 
-_CACHE: "OrderedDict[str, KeyedRows]" = OrderedDict()
+#: compaction: at most this many files per (class, stream, bucket) state
+MAX_FILES = 8
+
+_CACHE: "OrderedDict[tuple, KeyedRows]" = OrderedDict()
 _CACHE_BYTES = [0]
 
 
-def _cache_put(path: str, rows: KeyedRows, budget_bytes: int) -> None:
-    if path in _CACHE:
-        _CACHE_BYTES[0] -= _CACHE.pop(path).nbytes
+def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
+    if key in _CACHE:
+        _CACHE_BYTES[0] -= _CACHE.pop(key).nbytes
     size = rows.nbytes
     if size > budget_bytes:
         return
-    _CACHE[path] = rows
+    _CACHE[key] = rows
     _CACHE_BYTES[0] += size
     while _CACHE_BYTES[0] > budget_bytes and _CACHE:
         _, old = _CACHE.popitem(last=False)
@@ -145,27 +154,61 @@ def cache_stats() -> dict:
     return {"entries": len(_CACHE), "bytes": _CACHE_BYTES[0]}
 
 
-def load_rows(root: str, rel: str | None, key_col: str, budget_bytes: int) -> KeyedRows | None:
-    """The committed state file ``rel`` (None: no rows), from this worker's cache when possible."""
-    if rel is None:
-        return None
-    path = fsutil.join(root, rel)
-    hit = _CACHE.get(path)
+def _read_file(root: str, rel: str) -> pa.Table:
+    with pa.ipc.open_file(pa.py_buffer(fsutil.read_bytes(fsutil.join(root, rel)))) as reader:
+        return reader.read_all()
+
+
+def load_state(root: str, entry: dict | None, key_col: str, budget_bytes: int) -> tuple[KeyedRows | None, str]:
+    """The committed state a manifest entry describes (None: no rows), and where it came from
+    (``cache``, ``cache+file``, ``files``)."""
+    if entry is None:
+        return None, "empty"
+    files = tuple(entry["files"])
+    key = (root, files)
+    hit = _CACHE.get(key)
     if hit is not None:
-        _CACHE.move_to_end(path)
-        return hit
-    with pa.ipc.open_file(pa.py_buffer(fsutil.read_bytes(path))) as reader:
-        table = reader.read_all()
-    rows = KeyedRows(table, key_col, presorted=True)
-    _cache_put(path, rows, budget_bytes)
-    return rows
+        _CACHE.move_to_end(key)
+        return hit.purge(entry.get("after")), "cache"
+    prefix = _CACHE.get((root, files[:-1])) if len(files) > 1 else None
+    if prefix is not None:
+        rows, source = prefix.concat(KeyedRows(_read_file(root, files[-1]), key_col, presorted=True)), "cache+file"
+    else:
+        tables = [_read_file(root, f) for f in files]
+        rows = KeyedRows(pa.concat_tables(tables) if len(tables) > 1 else tables[0], key_col,
+                         presorted=len(tables) == 1)
+        source = "files"
+    rows = rows.purge(entry.get("after"))
+    _cache_put(key, rows, budget_bytes)
+    return rows, source
 
 
-def write_rows(root: str, rel: str, rows: KeyedRows, budget_bytes: int) -> None:
+def _write_file(root: str, rel: str, rows: KeyedRows) -> None:
     sink = pa.BufferOutputStream()
     table = rows.table.combine_chunks()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    path = fsutil.join(root, rel)
-    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    _cache_put(path, rows, budget_bytes)
+    fsutil.atomic_write_bytes(fsutil.join(root, rel), sink.getvalue().to_pybytes())
+
+
+def persist_state(root: str, version: int, attr_class: str, stream: str, bucket: int, prev: dict | None,
+                  update, budget_bytes: int) -> dict | None:
+    """Make ``update`` (a :class:`~mjoin.engine.operator.StateUpdate`) durable; returns the new
+    manifest entry (None: no rows). Appends the batch's new rows as one file, or compacts."""
+    rows = update.rows
+    if len(rows) == 0:
+        return None
+    files = list(prev["files"]) if prev else []
+    stored = prev.get("stored", 0) if prev else 0
+    if len(update.delta) or not files:
+        if files and len(files) < MAX_FILES and stored + len(update.delta) <= 2 * len(rows):
+            rel = StateStore.file_rel(version, attr_class, stream, bucket)
+            _write_file(root, rel, update.delta)
+            files.append(rel)
+            stored += len(update.delta)
+        else:  # compaction: the live state as one file
+            rel = StateStore.file_rel(version, attr_class, stream, bucket)
+            _write_file(root, rel, rows)
+            files, stored = [rel], len(rows)
+    _cache_put((root, tuple(files)), rows, budget_bytes)
+    return {"files": files, "after": update.threshold, "stored": stored, "tuples": len(rows), "keys": rows.nkeys}
