@@ -79,3 +79,30 @@ def test_cli_refuses_a_plan_of_another_query_and_a_bucket_change(spark, tiny_lak
     capsys.readouterr()
     rc = main(["run", "--stream", "--query", "tpcds_returns_by_address", "--lake", tiny_lake.root, "--buckets", "3"])
     assert rc == 2 and "built with 2 buckets" in capsys.readouterr().err
+
+
+def test_processing_time_trigger_runs_until_stopped(spark, tiny_lake, seed_query):
+    """Continuous mode: micro-batches every interval until the query is stopped (here: after the first)."""
+    import threading
+    import time
+
+    from mjoin import fsutil
+    from mjoin.engine import EngineConfig, run_stream
+
+    done = threading.Event()
+
+    def stop_after_first_batch():
+        path = fsutil.join(tiny_lake.metrics(seed_query.name), "batch=0.json")
+        deadline = time.time() + 120
+        while time.time() < deadline and not fsutil.exists(path):
+            time.sleep(0.2)
+        for q in spark.streams.active:
+            q.stop()
+        done.set()
+
+    threading.Thread(target=stop_after_first_batch, daemon=True).start()
+    s = run_stream(spark, seed_query, tiny_lake, trigger="processingTime", interval=0.5, timeout=150,
+                   config=EngineConfig(buckets=2))
+    assert done.wait(30)
+    assert s.batches[:1] == [0] and s.trigger == "processingTime"
+    assert read_results(tiny_lake, seed_query.name)["c_customer_sk"].sort_values().tolist() == [1, 2]

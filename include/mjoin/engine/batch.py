@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .. import fsutil
 from ..timeutil import iso
@@ -35,6 +34,7 @@ from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
 from .metrics import shuffle_bytes, write_record
 from .operator import BucketContext, process_bucket
+from .results import write_parquet
 from .state import StateStore, file_key, load_state, persist_state
 
 log = logging.getLogger(__name__)
@@ -118,10 +118,10 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             tag = f"s{ctx.stage}-{cls}-b{bucket:05d}"
             if out.results:
                 res = pa.concat_tables(out.results)
-                _write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), res)
+                write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), res)
             if out.partials:
                 part = pa.concat_tables(out.partials)
-                _write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), part)
+                write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), part)
             state = []
             for stream, update in out.new_state.items():
                 prev = prev_files.get(file_key(cls, stream, bucket))
@@ -136,12 +136,6 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps(out.doc)]})
 
     return run
-
-
-def _write_parquet(path: str, table: pa.Table) -> None:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 
 class BatchRunner:

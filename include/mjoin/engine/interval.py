@@ -20,7 +20,7 @@ from .compiled import MICROS
 from .config import EngineConfig, EngineError
 from .inputs import as_lake, as_query, compile_plan
 from .metrics import shuffle_bytes, write_jsonl
-from .normalize import inspect_files, normalize_streams, write_quarantine
+from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,7 @@ class IntervalInput:
     def quarantine_totals(self) -> dict:
         totals: dict = {}
         for b in range(1, self.n_batches + 1):
-            for s, reasons in self.counts.get(b, {}).items():
-                for reason, n in reasons.items():
-                    totals.setdefault(s, {}).setdefault(reason, 0)
-                    totals[s][reason] += n
+            add_counts(totals, self.counts.get(b, {}))
         return totals
 
     def valid(self):
@@ -140,10 +137,7 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
                 counts.setdefault(r["_batch"], {}).setdefault(s, {})[r["_reason"]] = r["n"]
         totals: dict = {}
         for per in counts.values():
-            for s, reasons in per.items():
-                for reason, n in reasons.items():
-                    totals.setdefault(s, {}).setdefault(reason, 0)
-                    totals[s][reason] += n
+            add_counts(totals, per)
         write_quarantine(frame, totals, [], out_lake, query.name, eq)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     for rej in inspected.rejects:  # rejected files count in the first batch

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from datetime import datetime, timezone
@@ -38,6 +37,7 @@ from .frame import arrow_frame_schema
 from .inputs import as_lake, as_query
 from .interval import RunSummary, clear_outputs, read_interval
 from .metrics import shuffle_bytes, write_jsonl, write_record
+from .results import write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +116,16 @@ def quiet_join_helper_warnings(spark) -> None:
         pass
 
 
-def _write_table(path: str, table: pa.Table, mtime_ms: int | None = None) -> None:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    if mtime_ms is not None and not fsutil.is_url(path):
-        os.utime(fsutil.resolve(path)[1], ns=(0, mtime_ms * 1_000_000))
+def write_batch_results(df, results_root: str, batch_id: int, eq: EngineQuery) -> int:
+    """One micro-batch's results, replacing an earlier attempt, then its ``_SUCCESS``; returns the rows."""
+    d = fsutil.join(results_root, f"batch={batch_id}")
+    fsutil.remove(d)
+    df.write.mode("overwrite").parquet(d)
+    rows = sum(pq.read_metadata(fsutil.resolve(fsutil.join(d, n))[1]).num_rows
+               for n in fsutil.listdir(d) if n.endswith(".parquet"))
+    fsutil.atomic_write_text(fsutil.join(d, "_SUCCESS"), json.dumps(
+        {"batch_id": batch_id, "rows": rows, "columns": [n for n, _ in eq.output], "engine": "spark-native"}))
+    return rows
 
 
 def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, config: EngineConfig | None = None):
@@ -160,7 +164,7 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
                     part = pa.Table.from_arrays(part.columns, schema=schema)
                 else:
                     part = schema.empty_table()
-                _write_table(fsutil.join(work, "input", s, f"cycle={b:06d}.parquet"), part,
+                write_parquet(fsutil.join(work, "input", s, f"cycle={b:06d}.parquet"), part,
                              mtime_ms=1_000_000_000_000 + b * 1000 + i)
         data.release()
         input_seconds = time.perf_counter() - t_write
@@ -184,14 +188,8 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
             t0 = time.perf_counter()
             group = f"mjoin-native-{query.name}-{batch_id}-{time.time_ns()}"
             spark.sparkContext.setJobGroup(group, f"spark-native {query.name} batch {batch_id}", False)
-            d = fsutil.join(results_root, f"batch={batch_id}")
-            fsutil.remove(d)
             kept = df.where((F.col("_newest") >= data.start_us) & (F.col("_newest") < data.end_us)).drop("_newest")
-            kept.write.mode("overwrite").parquet(d)
-            rows = sum(pq.read_metadata(fsutil.resolve(fsutil.join(d, n))[1]).num_rows
-                       for n in fsutil.listdir(d) if n.endswith(".parquet"))
-            fsutil.atomic_write_text(fsutil.join(d, "_SUCCESS"), json.dumps(
-                {"batch_id": batch_id, "rows": rows, "columns": [n for n, _ in eq.output], "engine": "spark-native"}))
+            rows = write_batch_results(kept, results_root, batch_id, eq)
             per_batch[batch_id] = {"result_rows": rows, "sink_seconds": time.perf_counter() - t0,
                                    "shuffle_bytes": shuffle_bytes(spark, group)}
 
@@ -314,13 +312,7 @@ def run_native_stream(spark, query, lake, *, trigger="availableNow", interval=No
 
         def write_batch(df, batch_id):
             t0 = time.perf_counter()
-            d = fsutil.join(results_root, f"batch={batch_id}")
-            fsutil.remove(d)
-            df.write.mode("overwrite").parquet(d)
-            rows = sum(pq.read_metadata(fsutil.resolve(fsutil.join(d, n))[1]).num_rows
-                       for n in fsutil.listdir(d) if n.endswith(".parquet"))
-            fsutil.atomic_write_text(fsutil.join(d, "_SUCCESS"), json.dumps(
-                {"batch_id": batch_id, "rows": rows, "columns": [n for n, _ in eq.output], "engine": "spark-native"}))
+            rows = write_batch_results(df, results_root, batch_id, eq)
             rec = {"query": eq.name, "engine": "spark-native", "mode": "stream", "batch_id": batch_id,
                    "plan_version": None, "plan_strategy": "written-order", "plan_switch": None, "interval": None,
                    "started_at": iso(datetime.now(timezone.utc)), "result_rows": rows,

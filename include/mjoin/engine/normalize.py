@@ -311,12 +311,22 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
 def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: EngineQuery) -> None:
     import numpy as np
 
+    from .results import write_parquet
+
     s_col = np.asarray(table.column("_s").to_numpy(zero_copy_only=False))
     b_col = np.asarray(table.column("batch").to_numpy(zero_copy_only=False))
     rest = table.drop_columns(["_s", "batch"])
     for s, b in sorted({(int(x), int(y)) for x, y in zip(s_col, b_col)}):
         part = rest.filter(pa.array((s_col == s) & (b_col == b)))
-        sink = pa.BufferOutputStream()
-        pq.write_table(part, sink)
-        path = fsutil.join(out_lake.quarantine(query_name, eq.streams[s]), "rows", f"batch={b}", "part-00000.parquet")
-        fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        write_parquet(fsutil.join(out_lake.quarantine(query_name, eq.streams[s]), "rows", f"batch={b}",
+                                  "part-00000.parquet"), part)
+
+
+def add_counts(total: dict, counts: dict) -> dict:
+    """Add ``counts`` (stream -> reason -> rows) into ``total``; returns ``total``."""
+    for stream, reasons in counts.items():
+        for reason, n in reasons.items():
+            if n:
+                per = total.setdefault(stream, {})
+                per[reason] = per.get(reason, 0) + n
+    return total

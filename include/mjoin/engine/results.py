@@ -13,6 +13,17 @@ from .. import fsutil
 BATCH_DIR = re.compile(r"^batch=(\d+)$")
 
 
+def write_parquet(path: str, table: pa.Table, mtime_ms: int | None = None) -> None:
+    """Write ``table`` as one Parquet file, atomically (replaces an earlier attempt's file)."""
+    import os
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    if mtime_ms is not None and not fsutil.is_url(path):
+        os.utime(fsutil.resolve(path)[1], ns=(0, mtime_ms * 1_000_000))
+
+
 def _results_dir(path_or_lake, query) -> str:
     if isinstance(path_or_lake, tuple):
         path_or_lake, query = path_or_lake

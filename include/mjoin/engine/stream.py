@@ -28,7 +28,7 @@ from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
 from .compiled import CompiledPlan
 from .config import EngineConfig, EngineError
 from .inputs import as_lake, as_plan, as_query
-from .normalize import inspect_files, normalize_streams, write_quarantine
+from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
 
 log = logging.getLogger(__name__)
 
@@ -250,11 +250,7 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     rows_in = {s: sum(r["rows_in"][s] for r in records) for s in query.stream_names}
     quarantined: dict = {}
     for r in records:
-        for s, reasons in r["quarantined"].items():
-            for reason, n in reasons.items():
-                if n:
-                    quarantined.setdefault(s, {}).setdefault(reason, 0)
-                    quarantined[s][reason] += n
+        add_counts(quarantined, r["quarantined"])
     return StreamSummary(
         query=query.name, engine="mjoin", trigger=trigger, batches=[r["batch_id"] for r in records],
         result_rows=sum(r["result_rows"] for r in records), wall_seconds=time.perf_counter() - t0,
