@@ -116,15 +116,17 @@ def run(args) -> dict:
         end = max(a for t in ("customer", "store_returns", "web_returns", "catalog_returns")
                   for a in lake.arrivals(t)) + args.arrival_cycle
     replay_seconds = time.perf_counter() - t0
-    query = load_query("tpcds_returns_by_address")
+    query = load_query(args.query)
     start = T0 + int(query.max_window)  # full windows from the first batch on
     end = start + ((end - start + args.cycle - 1) // args.cycle) * args.cycle
     spark = get_spark("mjoin-bench-engine", Resources(spark_master=args.master, shuffle_partitions=args.partitions))
     config = EngineConfig(buckets=args.buckets)
     perms = list(permutations(query.stream_names))[: args.orders]
     plans = {"".join(p): make_plan(query, orders_from_permutation(query, p), "fixedOrder") for p in perms}
+    args.prefilter = args.prefilter and query.single_class  # the SMJ filter needs one attribute class
     pre_plans = {f"{k}+pre": make_plan(query, orders_from_permutation(query, p), "fixedOrder",
-                                       options={"prefilter": True}) for k, p in zip(plans, perms)}
+                                       options={"prefilter": True}) for k, p in zip(plans, perms)} \
+        if args.prefilter else {}
     rounds: dict = {}
     calib_records = []
     rng = random.Random(args.seed)
@@ -221,7 +223,8 @@ def plot(result: dict, path: Path) -> None:
                         label=f"spark-native chained joins ({result['native']['batch_seconds']:.1f}s)")
     axes[0].set_xticks(list(x), names, rotation=90, fontsize=7)
     axes[0].set_ylabel("seconds (median over rounds)")
-    axes[0].set_title(f"seed query, TPC-DS SF={result['parameters']['sf']}: 24 fixed orders")
+    axes[0].set_title(f"{result['parameters']['query']}, TPC-DS SF={result['parameters']['sf']}: "
+                      f"{len(orders)} fixed orders")
     axes[0].legend(fontsize=8)
     by_chain = sorted(orders, key=lambda o: o["chain_seconds"])
     axes[1].bar(x, [o["chain_seconds"] for o in by_chain], color="#55a868", label="operator time in chains")
@@ -252,6 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--orders", type=int, default=24, help="first N of the 24 orders")
+    p.add_argument("--query", default="tpcds_returns_by_address",
+                   help="the seed query (default) or tpcds_returns_by_customer_and_address (two classes; no prefilter)")
     p.add_argument("--no-prefilter", dest="prefilter", action="store_false")
     p.add_argument("--no-native", action="store_true")
     p.add_argument("--seed", type=int, default=7)
@@ -270,7 +275,7 @@ def main(argv=None) -> int:
     result = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"orders_{result['mode']}"
+    stem = f"orders_{result['mode']}" + ("" if args.query == "tpcds_returns_by_address" else f"_{args.query}")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     plot(result, out / f"{stem}.png")
     s = result["spread"]

@@ -277,6 +277,11 @@ class BatchRunner:
         fsutil.remove(tmp)
         stage_seconds["commit"] = time.perf_counter() - t0
         record["stage_seconds"] = stage_seconds
+        record["stages"] = stage
+        record["spark_strategies"] = {
+            "joins": "none: per-bucket index nested loops in mapInArrow tasks",
+            "delta_exchange": None if binput.routed is not None else f"hashpartitioning(_c, _b, {self.partitions})",
+            "partial_exchange": f"hashpartitioning(_c, _b, {self.partitions})" if stage > 1 else None}
         record["shuffle_bytes"] = shuffle_bytes(spark, group)
         record["wall_seconds"] = time.perf_counter() - t_batch
         if write_metrics:
@@ -358,8 +363,6 @@ class BatchRunner:
             "workers": sorted({d["pid"] for d in docs}),
             "state_reads": _count_sources(docs),
             "watermark": None, "max_ts": binput.max_ts,
-            "spark_strategies": {"delta_exchange": f"hashpartitioning(_c, _b, {self.partitions})",
-                                 "state": "per-bucket Arrow files, no Spark join"},
         }
         record.update(extra)
         return record
