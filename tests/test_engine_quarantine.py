@@ -17,7 +17,6 @@ from mjoin.engine.normalize import inspect_files
 from mjoin.lake import Lake
 from mjoin.plan import make_plan, orders_from_permutation
 
-REASONS = ("null_key", "bad_type", "bad_time", "late", "bad_schema")
 
 
 def test_file_checks_reject_what_spark_cannot_read(tmp_path):

@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import random
 import shutil
@@ -99,6 +98,7 @@ def run(args) -> dict:
     from engine_helpers import T0, replay_tpcds
 
     from mjoin.engine import EngineConfig, read_metrics, run_interval
+    from mjoin.engine.metrics import machine
     from mjoin.engine.interval import run_interval_plans
     from mjoin.lake import Lake
     from mjoin.plan import make_plan, orders_from_permutation
@@ -187,9 +187,7 @@ def run(args) -> dict:
     rows = {o["result_rows"] for o in orders} | ({native["result_rows"]} if native else set()) | rows_pre
     result = {
         "benchmark": "engine-24-orders", "mode": "quick" if args.quick else "full",
-        "date": datetime.now(timezone.utc).isoformat(), "machine": {
-            "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "load_average_at_end": os.getloadavg()},
+        "date": datetime.now(timezone.utc).isoformat(), "machine": machine(),
         "versions": versions(),
         "parameters": {"sf": args.sf, "rate_rows_per_s": args.rate, "arrival_cycle_s": args.arrival_cycle,
                        "cycle_s": args.cycle, "interval": [start, end], "buckets": args.buckets,

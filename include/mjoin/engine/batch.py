@@ -33,6 +33,7 @@ from .compiled import CompiledPlan, EngineQuery, key_name
 from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
 from .metrics import shuffle_bytes, write_record
+from .normalize import REASONS
 from .operator import BucketContext, process_bucket
 from .results import write_parquet
 from .state import StateStore, file_key, load_state, persist_state
@@ -79,7 +80,6 @@ class BatchInput:
     rows_in: dict = field(default_factory=dict)  # stream -> valid rows
     quarantined: dict = field(default_factory=dict)  # stream -> reason -> rows
     max_ts: int | None = None  # max event time among the valid rows
-    min_ts: int | None = None
     quarantined_files: list = field(default_factory=list)
     files: int = 0
 
@@ -344,8 +344,7 @@ class BatchRunner:
                     for k in pre:
                         pre[k] += d["prefilter"][k]
         result_rows = sum(c["results"] for c in chains)
-        quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0)
-                           for r in ("null_key", "late", "bad_type", "bad_time", "bad_schema")} for s in eq.streams}
+        quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0) for r in REASONS} for s in eq.streams}
         task_seconds = sum(d["seconds"] for d in docs)
         record = {
             "query": eq.name, "engine": "mjoin", "mode": self.mode, "batch_id": batch_id,

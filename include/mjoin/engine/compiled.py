@@ -16,9 +16,7 @@ Row layout shared by deltas, state files and partial results (the "frame"):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..partition import num_groups
+from dataclasses import dataclass
 
 MICROS = 1_000_000
 
@@ -88,9 +86,6 @@ class EngineQuery:
         """Columns of a state file of ``stream`` (any class copy): time, its class keys, its payload."""
         return ["_ts"] + [key_name(c) for c in self.stream_classes[stream]] + self.payload_columns(stream)
 
-    @property
-    def single_class(self) -> bool:
-        return len(self.classes) == 1
 
 
 @dataclass(frozen=True)
@@ -127,7 +122,6 @@ class CompiledPlan:
     partitioning: dict | None = None
     prefilter: bool = False
     groups: tuple = (0,)
-    orders: dict = field(default_factory=dict)  # group -> stream -> [[l, r], ...] (for metrics)
 
     @classmethod
     def from_plan(cls, query, plan, source: str = "cli", prefilter: bool | None = None) -> "CompiledPlan":
@@ -149,13 +143,7 @@ class CompiledPlan:
                         start = k
                 chains[(g, s)] = ChainPlan(s, g, steps, tuple(segs))
         return cls(version=plan.version, strategy=plan.strategy, source=source, chains=chains,
-                   partitioning=plan.partitioning, prefilter=use_prefilter, groups=tuple(plan.group_ids),
-                   orders={g: {s: [list(p) for p in plan.order(s, g)] for s in query.stream_names}
-                           for g in plan.group_ids})
-
-    @property
-    def num_groups(self) -> int:
-        return num_groups(self.partitioning)
+                   partitioning=plan.partitioning, prefilter=use_prefilter, groups=tuple(plan.group_ids))
 
     def chain(self, stream: str, group: int = 0) -> ChainPlan:
         return self.chains[(group, stream)]

@@ -8,7 +8,6 @@ results whose newest member has ``ts`` in ``[start, end)``, whatever the plan.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -85,7 +84,7 @@ class IntervalInput:
     rejects: list  # FileReject
     rows_in: dict  # batch -> stream -> valid rows
     counts: dict  # batch -> stream -> reason -> rows
-    ts_range: dict  # batch -> (min ts, max ts) of valid rows
+    max_ts: dict  # batch -> max event time of the valid rows
     seconds: float = 0.0
 
     def quarantine_totals(self) -> dict:
@@ -121,18 +120,16 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     frame = normalize_streams(spark, query, eq, inspected)
     rows_in: dict = {}
     counts: dict = {}
-    ts_range: dict = {}
+    max_ts: dict = {}
     if frame is not None:
         frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
             .where(F.col("_batch").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
         for r in frame.groupBy("_batch", "_s", "_reason").agg(
-                F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi"), F.min("_ts").alias("lo")).collect():
+                F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi")).collect():
             s = eq.streams[r["_s"]]
             if r["_reason"] is None:
                 rows_in.setdefault(r["_batch"], {})[s] = r["n"]
-                lo, hi = ts_range.get(r["_batch"], (None, None))
-                ts_range[r["_batch"]] = (r["lo"] if lo is None else min(lo, r["lo"]),
-                                         r["hi"] if hi is None else max(hi, r["hi"]))
+                max_ts[r["_batch"]] = max(r["hi"], max_ts.get(r["_batch"], r["hi"]))
             else:
                 counts.setdefault(r["_batch"], {}).setdefault(s, {})[r["_reason"]] = r["n"]
         totals: dict = {}
@@ -143,7 +140,7 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     for rej in inspected.rejects:  # rejected files count in the first batch
         per = counts.setdefault(1, {}).setdefault(rej.stream, {})
         per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
-    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, ts_range,
+    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, max_ts,
                          time.perf_counter() - t0)
 
 
@@ -154,9 +151,9 @@ class Prepared(IntervalInput):
     routed: object = None  # persisted: stage-1 rows of every batch (column _batch), partitioned by (_c, _b)
 
     def batch_input(self, b: int) -> BatchInput:
-        lo, hi = self.ts_range.get(b, (None, None))
         return BatchInput(deltas=None, routed=self.routed.where(f"_batch = {b}").drop("_batch"),
-                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}), max_ts=hi, min_ts=lo,
+                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}),
+                          max_ts=self.max_ts.get(b),
                           quarantined_files=[r.to_json() for r in self.rejects] if b == 1 else [])
 
     def release(self) -> None:

@@ -102,4 +102,4 @@ def machine() -> dict:
     import platform
 
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "load_average": list(os.getloadavg())}

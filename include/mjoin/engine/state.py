@@ -150,10 +150,6 @@ def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
         _CACHE_BYTES[0] -= old.nbytes
 
 
-def cache_stats() -> dict:
-    return {"entries": len(_CACHE), "bytes": _CACHE_BYTES[0]}
-
-
 def _read_file(root: str, rel: str) -> pa.Table:
     with pa.ipc.open_file(pa.py_buffer(fsutil.read_bytes(fsutil.join(root, rel)))) as reader:
         return reader.read_all()
