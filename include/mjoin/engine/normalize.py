@@ -40,25 +40,33 @@ def sql_type(spec_type: str) -> str:
     return _SPARK_TYPES.get(spec_type, spec_type)
 
 
-def _kind(t: pa.DataType) -> str | None:
-    """Coarse class of a Parquet column's Arrow type (None: not something we read)."""
+def _arrow_info(t: pa.DataType) -> tuple[str, str] | None:
+    """(coarse kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type, with
+    nanosecond timestamps read as long (spark.sql.legacy.parquet.nanosAsLong); None: not read."""
     if pa.types.is_dictionary(t):
         t = t.value_type
+    if pa.types.is_unsigned_integer(t):
+        return "int", {8: "smallint", 16: "int", 32: "bigint", 64: "decimal(20,0)"}[t.bit_width]
     if pa.types.is_integer(t):
-        return "int"
+        return "int", {8: "tinyint", 16: "smallint", 32: "int", 64: "bigint"}[t.bit_width]
     if pa.types.is_floating(t):
-        return "float"
+        return ("float", {32: "float", 64: "double"}[t.bit_width]) if t.bit_width in (32, 64) else None
     if pa.types.is_decimal(t):
-        return "decimal"
+        return "decimal", f"decimal({t.precision},{t.scale})"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
+        return "string", "string"
     if pa.types.is_timestamp(t):
-        return "ts_ns" if t.unit == "ns" else "ts"
+        return ("ts_ns", "bigint") if t.unit == "ns" else ("ts", "timestamp")
     if pa.types.is_date(t):
-        return "date"
+        return "date", "date"
     if pa.types.is_boolean(t):
-        return "bool"
+        return "bool", "boolean"
     return None
+
+
+def _kind(t: pa.DataType) -> str | None:
+    info = _arrow_info(t)
+    return info[0] if info else None
 
 
 _NUMERIC = {"int", "float", "decimal", "string"}
@@ -143,27 +151,10 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict) -> Inspected:
 
 
 def _read_type(t: pa.DataType) -> str:
-    """The Spark type Spark's Parquet reader gives a column of Arrow type ``t`` (with
-    nanosecond timestamps read as long, spark.sql.legacy.parquet.nanosAsLong)."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_unsigned_integer(t):
-        return {8: "smallint", 16: "int", 32: "bigint", 64: "decimal(20,0)"}[t.bit_width]
-    if pa.types.is_integer(t):
-        return {8: "tinyint", 16: "smallint", 32: "int", 64: "bigint"}[t.bit_width]
-    if pa.types.is_floating(t):
-        return {32: "float", 64: "double"}[t.bit_width]
-    if pa.types.is_decimal(t):
-        return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_timestamp(t):
-        return "bigint" if t.unit == "ns" else "timestamp"
-    if pa.types.is_date(t):
-        return "date"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    raise ValueError(f"unsupported type {t}")
+    info = _arrow_info(t)
+    if info is None:
+        raise ValueError(f"unsupported type {t}")
+    return info[1]
 
 
 def read_schema(schema: pa.Schema, columns: list) -> str:
