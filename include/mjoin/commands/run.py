@@ -1,0 +1,100 @@
+"""python -m mjoin run: the join engine, interval evaluation or streaming."""
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "run"
+HELP = "run the multi-way stream join (interval evaluation, or --stream)"
+DESCRIPTION = """Run the Spark multi-way window join of a query.
+
+Interval evaluation (default): join the lake's data with event time in [--from, --to)
+in cycles of --cycle seconds, the state built from the window before --from; write
+results (Parquet, <out>/results/<query>/batch=<B>/), metrics (JSON lines,
+<out>/metrics/<query>/metrics.jsonl) and rejected input (<out>/quarantine/<query>/)
+under --out, and print a summary. A pure function of the lake's contents.
+
+  python -m mjoin run --query tpcds_returns_by_address --plan plan.json --lake .lake \\
+      --from 2026-01-01T00:05:00Z --to 2026-01-01T00:20:00Z --cycle 60 --out /tmp/eval
+
+Streaming (--stream): one Structured Streaming query over <lake>/streams/, checkpoint,
+state, results and metrics in the lake; the plan is the registry's active one
+(re-read at every batch), else --plan, else the spec's stream order.
+
+  python -m mjoin run --stream --query tpcds_returns_by_address --lake .lake
+
+--engine spark-native runs Spark's own chained stream-stream joins instead (baseline)."""
+
+
+def add_arguments(p):
+    p.add_argument("--query", required=True, help="query spec (YAML path or name)")
+    p.add_argument("--lake", required=True, help="lake root (landed streams under <lake>/streams/)")
+    p.add_argument("--plan", help="plan JSON (default: the registry's active plan when streaming, else the "
+                                  "spec's stream order)")
+    p.add_argument("--engine", choices=("mjoin", "spark-native"), default="mjoin")
+    g = p.add_argument_group("interval evaluation")
+    g.add_argument("--from", dest="start", help="interval start (ISO-8601 or epoch seconds)")
+    g.add_argument("--to", dest="end", help="interval end, exclusive")
+    g.add_argument("--cycle", type=float, help="batch length in seconds of event time")
+    g.add_argument("--out", help="output folder (cleared for this query first)")
+    s = p.add_argument_group("streaming")
+    s.add_argument("--stream", action="store_true", help="run the streaming job instead of an interval")
+    s.add_argument("--trigger", choices=("availableNow", "processingTime"), default="availableNow")
+    s.add_argument("--interval", type=float, help="processingTime trigger interval, seconds")
+    s.add_argument("--timeout", type=float, help="stop a processingTime run after this many seconds")
+    s.add_argument("--namespace", default="", help="lake namespace for outputs (e.g. eval/run1)")
+    s.add_argument("--max-files-per-trigger", type=int, help="at most this many landed files per micro-batch")
+    e = p.add_argument_group("engine")
+    e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
+    e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
+    e.add_argument("--prefilter", dest="prefilter", action="store_true", default=None,
+                   help="force the SMJ synopsis prefilter on (default: the plan's option)")
+    e.add_argument("--no-prefilter", dest="prefilter", action="store_false", help="force the prefilter off")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--inject-fault", dest="fault", help=argparse.SUPPRESS)
+
+
+def config_from(args):
+    from ..engine import EngineConfig
+
+    return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
+                        max_files_per_trigger=args.max_files_per_trigger, fault=args.fault)
+
+
+def execute(spark, args):
+    """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
+    from ..cli import UserError
+    from ..engine import EngineError, run_interval, run_stream
+    from ..lake import Lake
+    from ..query import load_query
+    from ..registry import RegistryError
+
+    query = load_query(args.query)
+    try:
+        config = config_from(args)
+        if args.stream:
+            lake = Lake(args.lake, args.namespace)
+            return run_stream(spark, query, lake, trigger=args.trigger, interval=args.interval, plan=args.plan,
+                              config=config, engine=args.engine, timeout=args.timeout)
+        missing = [f"--{n}" for n, v in (("from", args.start), ("to", args.end), ("cycle", args.cycle),
+                                         ("out", args.out)) if v in (None, "")]
+        if missing:
+            raise UserError(f"interval evaluation needs {', '.join(missing)} (or use --stream)")
+        return run_interval(spark, query, args.plan, Lake(args.lake), args.start, args.end, args.cycle, args.out,
+                            engine=args.engine, config=config)
+    except (EngineError, RegistryError) as exc:
+        raise UserError(str(exc)) from None
+    except ValueError as exc:  # unparsable --from/--to
+        if "is not a time" in str(exc):
+            raise UserError(str(exc)) from None
+        raise
+
+
+def run(args) -> int:
+    from ..resources import Resources
+    from ..sparkutil import get_spark
+
+    spark = get_spark(f"mjoin-run-{'stream' if args.stream else 'interval'}", Resources.from_env())
+    summary = execute(spark, args)
+    print(json.dumps(summary.to_json(), indent=2, default=str) if args.json else summary.describe())
+    return 0

@@ -1,0 +1,388 @@
+"""One micro-batch on Spark: shuffle the new tuples once by key bucket, run every chain per bucket
+in a ``mapInArrow`` task against the bucket's state, commit. The same function serves streaming
+and interval evaluation.
+
+Stage 1 routes each delta row to (class, bucket) for every attribute class its stream
+is in, plus one tick row per bucket. Each task runs, for the buckets it got, the first
+segment of every chain (:func:`mjoin.engine.operator.process_bucket`), writes the
+bucket's results and its next state version, and returns only a small metrics
+document. No Spark join, no state shuffle: the state stays in per-bucket files and in
+the Python workers' memory. When a chain changes attribute class (second query),
+its partial results are written by the task and a further stage re-buckets them
+(with the deltas of the new class, for visibility) by the new class key.
+
+Commit (exactly-once): results go to ``results/<query>/batch=<B>/`` (cleared first,
+deterministic file names), state to version B; then the driver writes the state
+manifest (the commit point), the results' ``_SUCCESS`` and the metrics record.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import fsutil
+from ..timeutil import iso
+from .compiled import CompiledPlan, EngineQuery, key_name
+from .config import EngineConfig, EngineError
+from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
+from .metrics import shuffle_bytes, write_record
+from .operator import BucketContext, process_bucket
+from .state import StateStore, file_key, load_state, persist_state
+
+log = logging.getLogger(__name__)
+
+#: session settings every engine job runs with: a fixed physical plan per batch (no AQE
+#: re-planning, which in the trial decided which state escaped a shuffle and inverted the
+#: optimizer's ranking), no join reordering, and nanosecond Parquet timestamps readable.
+ENGINE_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.cbo.enabled": "false",
+    "spark.sql.cbo.joinReorder.enabled": "false",
+    "spark.sql.legacy.parquet.nanosAsLong": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def apply_engine_conf(spark) -> dict:
+    """Set :data:`ENGINE_CONF` on the session; returns the previous values (for :func:`restore_conf`)."""
+    before = {}
+    for k, v in ENGINE_CONF.items():
+        before[k] = spark.conf.get(k, None)
+        spark.conf.set(k, v)
+    return before
+
+
+def restore_conf(spark, before: dict) -> None:
+    for k, v in before.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+
+
+@dataclass
+class BatchInput:
+    """The validated new tuples of one batch and what was rejected."""
+
+    deltas: object  # Spark DataFrame of frame rows (_kind, _s, _ts, _k_*, payload), or None
+    #: or, instead of ``deltas``: the stage-1 input already routed to (class, bucket) with its ticks
+    #: and partitioned by (_c, _b) (interval runs route the whole interval once)
+    routed: object = None
+    rows_in: dict = field(default_factory=dict)  # stream -> valid rows
+    quarantined: dict = field(default_factory=dict)  # stream -> reason -> rows
+    max_ts: int | None = None  # max event time among the valid rows
+    min_ts: int | None = None
+    quarantined_files: list = field(default_factory=list)
+    files: int = 0
+
+
+def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
+                cache_bytes: int, classes: tuple):
+    """The mapInArrow function of one stage (runs in Python workers)."""
+
+    def run(batches):
+        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        if not tables:
+            return
+        t = pa.concat_tables(tables)
+        c_arr = np.asarray(t.column("_c").to_numpy(), dtype=np.int64)
+        b_arr = np.asarray(t.column("_b").to_numpy(), dtype=np.int64)
+        order = np.lexsort((b_arr, c_arr))
+        c_arr, b_arr = c_arr[order], b_arr[order]
+        t = t.take(order)
+        cuts = np.flatnonzero((np.diff(c_arr) != 0) | (np.diff(b_arr) != 0)) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [len(c_arr)]))
+        for s, e in zip(starts, ends):
+            ci, bucket = int(c_arr[s]), int(b_arr[s])
+            cls = classes[ci]
+            rows = t.slice(int(s), int(e - s))
+
+            sources = {}
+
+            def load(attr_class, stream, b):
+                rows, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, b)),
+                                                   key_name(attr_class), cache_bytes)
+                return rows
+
+            out = process_bucket(ctx, cls, bucket, rows, load)
+            t0 = time.perf_counter()
+            tag = f"s{ctx.stage}-{cls}-b{bucket:05d}"
+            if out.results:
+                res = pa.concat_tables(out.results)
+                _write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), res)
+            if out.partials:
+                part = pa.concat_tables(out.partials)
+                _write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), part)
+            state = []
+            for stream, update in out.new_state.items():
+                prev = prev_files.get(file_key(cls, stream, bucket))
+                entry = persist_state(state_root, ctx.batch_id, cls, stream, bucket, prev, update, cache_bytes) \
+                    if update.changed else prev
+                state.append({"stream": stream, "entry": entry, "tuples": len(update.rows),
+                              "keys": update.rows.nkeys, "changed": update.changed})
+            out.doc["state_sources"] = sources
+            out.doc["state"] = state
+            out.doc["write_seconds"] = time.perf_counter() - t0
+            out.doc["pid"] = os.getpid()
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(out.doc)]})
+
+    return run
+
+
+def _write_parquet(path: str, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+class BatchRunner:
+    """Runs batches of one query into one output lake (results, state, metrics, quarantine)."""
+
+    def __init__(self, spark, query, out_lake, config: EngineConfig, mode: str):
+        self.spark = spark
+        self.query = query
+        self.eq = EngineQuery.from_query(query)
+        self.lake = out_lake
+        self.config = config
+        self.mode = mode
+        self.store = StateStore(out_lake.state(query.name))
+        self.results_root = out_lake.results(query.name)
+        self.metrics_dir = out_lake.metrics(query.name)
+        self.frame_schema = spark_frame_schema(self.eq)
+        self.arrow_schema = arrow_frame_schema(self.eq)
+        self.result_schema = arrow_result_schema(self.eq)
+        self.partitions = config.shuffle_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+        self.store.check_compatible(config.buckets, self.eq.fingerprint)
+
+    # ---- stage inputs ---------------------------------------------------------------------
+    def route(self, deltas, keep=()):
+        """Each delta row once per attribute class of its stream, with its (class, bucket), conformed
+        to the frame schema (plus the columns in ``keep``)."""
+        from pyspark.sql import functions as F
+
+        parts = []
+        for ci, c in enumerate(self.eq.classes):
+            k = key_name(c)
+            parts.append(deltas.where(F.col(k).isNotNull())
+                         .withColumn("_c", F.lit(ci).cast("int"))
+                         .withColumn("_b", F.expr(f"CAST(pmod({k}, {self.config.buckets}) AS INT)")))
+        out = parts[0]
+        for p in parts[1:]:
+            out = out.unionByName(p)
+        return self.conform(out, keep)
+
+    def ticks(self, batches=None):
+        """One tick row per (class, bucket) (per batch in ``batches``, as column ``_batch``)."""
+        from pyspark.sql import functions as F
+
+        nb, nc = self.config.buckets, len(self.eq.classes)
+        n = nb * nc
+        df = self.spark.range(n * (len(batches) if batches else 1)).select(
+            F.lit(0).cast("tinyint").alias("_kind"),
+            ((F.col("id") % n) / nb).cast("int").alias("_c"), (F.col("id") % nb).cast("int").alias("_b"),
+            *([(F.lit(batches[0]) + (F.col("id") / n).cast("int")).alias("_batch")] if batches else []))
+        return self.conform(df, ("_batch",) if batches else ())
+
+    def conform(self, df, keep=()):
+        """All frame columns, in order (missing ones as typed nulls), then ``keep``."""
+        from pyspark.sql import functions as F
+
+        have = set(df.columns)
+        cols = [(F.col(n) if n in have else F.lit(None)).cast(t).alias(n) for n, t in frame_ddl(self.eq)]
+        return df.select(*cols, *[F.col(k) for k in keep if k in have])
+
+    def partitioned(self, df):
+        return df.repartition(self.partitions, "_c", "_b")
+
+    # ---- one batch ----------------------------------------------------------------------------
+    def run(self, batch_id: int, binput: BatchInput, plan: CompiledPlan, *, purge_bound: int | None,
+            emit: bool = True, extra: dict | None = None, write_metrics: bool = True) -> dict:
+        spark, eq, cfg = self.spark, self.eq, self.config
+        started = datetime.now(timezone.utc)
+        t_batch = time.perf_counter()
+        group = f"mjoin-{eq.name}-{self.mode}-{batch_id}-{time.time_ns()}"
+        spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batch {batch_id}", interruptOnCancel=False)
+        latest = self.store.latest()
+        if latest is not None and latest["version"] > batch_id:
+            raise EngineError(
+                f"the state of {eq.name} is at batch {latest['version']}, ahead of batch {batch_id}: the checkpoint "
+                f"and the state ({self.store.root}) do not belong together; restore the checkpoint or remove both")
+        prev = self.store.latest_before(batch_id)
+        prev_files = dict(prev["files"]) if prev else {}
+        results_dir = fsutil.join(self.results_root, f"batch={batch_id}")
+        tmp = self.store.tmp_dir(batch_id)
+        fsutil.remove(results_dir)
+        fsutil.remove(tmp)
+        cache_bytes = cfg.state_cache_mb * 1024 * 1024
+        ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
+                            batch_id=batch_id, stage=1, buckets=cfg.buckets, emit=emit, purge_bound=purge_bound,
+                            prefilter_accounting=cfg.prefilter_accounting)
+        if binput.routed is not None:
+            stage_input = binput.routed
+            routed = binput.routed.where("_kind = 1")
+        else:
+            deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
+            routed = self.route(deltas)
+            stage_input = self.partitioned(routed.unionByName(self.ticks()))
+        docs, stage_seconds = [], {}
+        stage = 1
+        while True:
+            t0 = time.perf_counter()
+            fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
+                             eq.classes)
+            rows = stage_input.mapInArrow(fn, "doc string").collect()
+            stage_docs = [json.loads(r.doc) for r in rows]
+            docs += stage_docs
+            stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
+            partials = sum(c["partials"] for d in stage_docs for c in d["chains"])
+            if not partials:
+                break
+            stage += 1
+            if stage > len(eq.streams):
+                raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
+            part_df = self.spark.read.schema(self.frame_schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
+            stage_input = self.partitioned(part_df.unionByName(routed))
+
+        t0 = time.perf_counter()
+        if cfg.fault == f"crash_before_commit:{batch_id}":
+            log.error("fault injection: ending the process before the commit of batch %s", batch_id)
+            os._exit(17)
+        files = dict(prev_files)
+        for d in docs:
+            if d["stage"] != 1:
+                continue
+            for st in d["state"]:
+                key = file_key(d["class"], st["stream"], d["bucket"])
+                if st["entry"]:
+                    files[key] = st["entry"]
+                else:
+                    files.pop(key, None)
+        max_ts = max([v for v in ((prev or {}).get("max_ts"), binput.max_ts) if v is not None], default=None)
+        manifest = {"version": batch_id, "batch_id": batch_id, "query": eq.name, "query_fingerprint": eq.fingerprint,
+                    "buckets": cfg.buckets, "max_ts": max_ts,
+                    "watermark": None if max_ts is None else max_ts - eq.lateness_us,
+                    "plan_version": plan.version, "plan_source": plan.source, "files": files,
+                    "mode": self.mode}
+        record = self._record(batch_id, binput, plan, docs, started, extra or {})
+        manifest["tuples"] = record["state_tuples"]
+        manifest["keys"] = record["state_keys"]
+        self.store.commit(manifest)
+        fsutil.atomic_write_text(fsutil.join(results_dir, "_SUCCESS"), json.dumps(
+            {"batch_id": batch_id, "rows": record["result_rows"], "columns": [f.name for f in self.result_schema],
+             "plan_version": plan.version}))
+        self.store.gc(cfg.state_versions_kept)
+        fsutil.remove(tmp)
+        stage_seconds["commit"] = time.perf_counter() - t0
+        record["stage_seconds"] = stage_seconds
+        record["shuffle_bytes"] = shuffle_bytes(spark, group)
+        record["wall_seconds"] = time.perf_counter() - t_batch
+        if write_metrics:
+            write_record(self.metrics_dir, record)
+        return record
+
+    # ---- metrics --------------------------------------------------------------------------------
+    def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
+        eq = self.eq
+        views = {}  # (class, stream) -> old/full keys summed over buckets
+        state_tuples, state_keys = {}, {}
+        for d in docs:
+            if d["stage"] != 1:
+                continue
+            for s, v in d["views"].items():
+                acc = views.setdefault((d["class"], s), {"old_keys": 0, "full_keys": 0})
+                acc["old_keys"] += v["old_keys"]
+                acc["full_keys"] += v["full_keys"]
+            for st in d["state"]:
+                if d["class"] == eq.stream_classes[st["stream"]][0]:
+                    state_tuples[st["stream"]] = state_tuples.get(st["stream"], 0) + st["tuples"]
+                    state_keys[st["stream"]] = state_keys.get(st["stream"], 0) + st["keys"]
+        chains = []
+        agg = {}
+        for d in docs:
+            for c in d["chains"]:
+                a = agg.setdefault((c["stream"], c["group"]), {"rows_in": 0, "seconds": 0.0, "materialise_seconds": 0.0,
+                                                               "results": 0, "partials": 0, "steps": {}})
+                for k in ("rows_in", "seconds", "materialise_seconds", "results", "partials"):
+                    a[k] += c[k]
+                for idx, st in c["steps"].items():
+                    s = a["steps"].setdefault(int(idx), {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
+                                                         "calls": 0})
+                    for k in s:
+                        s[k] += st[k]
+        for g in plan.groups:
+            for s in eq.streams:
+                chain = plan.chain(s, g)
+                a = agg.get((s, g), {"rows_in": 0, "seconds": 0.0, "materialise_seconds": 0.0, "results": 0,
+                                     "partials": 0, "steps": {}})
+                steps = []
+                for k, (l, r, cls) in enumerate(chain.steps):
+                    st = a["steps"].get(k, {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
+                                            "calls": 0})
+                    v = views.get((cls, r), {"old_keys": 0, "full_keys": 0})
+                    kappa = v["full_keys"] if eq.index(r) < eq.index(s) else v["old_keys"]
+                    steps.append({"left": l, "right": r, "attr_class": cls, "lookups": st["lookups"],
+                                  "found": st["found"], "hits": st["hits"], "matches": st["matches"], "kappa": kappa,
+                                  "seconds": round(st["seconds"], 6), "calls": st["calls"],
+                                  "strategy": "index-nested-loop",
+                                  "stage": _stage_of(chain, k)})
+                chains.append({"stream": s, "group": g, "rows_in": a["rows_in"], "seconds": round(a["seconds"], 6),
+                               "materialise_seconds": round(a["materialise_seconds"], 6), "results": a["results"],
+                               "steps": steps})
+        pre = None
+        if plan.prefilter:
+            pre = {"checked": 0, "dropped": 0, "lookups_saved": 0, "matches_saved": 0, "seconds": 0.0}
+            for d in docs:
+                if d.get("prefilter"):
+                    for k in pre:
+                        pre[k] += d["prefilter"][k]
+        result_rows = sum(c["results"] for c in chains)
+        quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0)
+                           for r in ("null_key", "late", "bad_type", "bad_time", "bad_schema")} for s in eq.streams}
+        task_seconds = sum(d["seconds"] for d in docs)
+        record = {
+            "query": eq.name, "engine": "mjoin", "mode": self.mode, "batch_id": batch_id,
+            "plan_version": plan.version, "plan_strategy": plan.strategy, "plan_source": plan.source,
+            "plan_switch": None, "interval": None, "started_at": iso(started),
+            "rows_in": {s: binput.rows_in.get(s, 0) for s in eq.streams},
+            "quarantined": quarantined, "quarantined_files": binput.quarantined_files,
+            "result_rows": result_rows, "state_tuples": {s: state_tuples.get(s, 0) for s in eq.streams},
+            "state_keys": {s: state_keys.get(s, 0) for s in eq.streams}, "state_backend": "sorted",
+            "chains": chains, "prefilter": pre,
+            "buckets": self.config.buckets, "shuffle_partitions": self.partitions,
+            "task_seconds": round(task_seconds, 6),
+            "state_load_seconds": round(sum(d["load_seconds"] for d in docs), 6),
+            "state_write_seconds": round(sum(d.get("write_seconds", 0.0) for d in docs), 6),
+            "workers": sorted({d["pid"] for d in docs}),
+            "state_reads": _count_sources(docs),
+            "watermark": None, "max_ts": binput.max_ts,
+            "spark_strategies": {"delta_exchange": f"hashpartitioning(_c, _b, {self.partitions})",
+                                 "state": "per-bucket Arrow files, no Spark join"},
+        }
+        record.update(extra)
+        return record
+
+
+def _count_sources(docs) -> dict:
+    """How the tasks got their state: from the worker's memory, memory plus one file, files, or empty."""
+    out: dict = {}
+    for d in docs:
+        for src in d.get("state_sources", {}).values():
+            out[src] = out.get(src, 0) + 1
+    return out
+
+
+def _stage_of(chain, step: int) -> int:
+    """Stage (1-based) that runs ``step`` of ``chain``: one per segment."""
+    for n, seg in enumerate(chain.segments):
+        if seg.start <= step < seg.end:
+            return n + 1
+    raise IndexError(step)

@@ -1,0 +1,302 @@
+"""Interval evaluation: join the data of ``[start, end)`` in cycles, from the lake alone.
+
+A pure function of the lake's contents (no registry, no checkpoint): the state is
+built from the rows with ``ts`` in ``(start - W_i, start)`` (a warm-up batch that
+emits nothing), then every cycle ``[t, t + cycle)`` of event time is one batch run
+by the same per-batch function as streaming. So the results are exactly the join
+results whose newest member has ``ts`` in ``[start, end)``, whatever the plan.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+from .. import fsutil
+from ..timeutil import iso, to_micros
+from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from .compiled import MICROS
+from .config import EngineConfig, EngineError
+from .inputs import as_lake, as_query, compile_plan
+from .metrics import shuffle_bytes, write_jsonl
+from .normalize import inspect_files, normalize_streams, write_quarantine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    query: str
+    engine: str
+    mode: str
+    interval: list
+    cycle_seconds: float
+    plan_version: int | None
+    plan_strategy: str
+    batches: int
+    result_rows: int
+    wall_seconds: float
+    batch_seconds: float  # sum of the batches' wall time (without input preparation and warm-up)
+    prepare_seconds: float
+    warmup_seconds: float
+    rows_in: dict
+    quarantined: dict
+    metrics_path: str
+    results_path: str
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        q = sum(sum(v.values()) for v in self.quarantined.values())
+        return (f"{self.query} [{self.engine}] {self.interval[0]} .. {self.interval[1]} in {self.batches} batches of "
+                f"{self.cycle_seconds:g}s: {self.result_rows} result rows, {sum(self.rows_in.values())} rows in, "
+                f"{q} quarantined; {self.wall_seconds:.2f}s wall ({self.batch_seconds:.2f}s in batches)\n"
+                f"  results: {self.results_path}\n  metrics: {self.metrics_path}")
+
+
+def clear_outputs(out_lake, query_name: str, quarantine: bool = True) -> None:
+    for path in (out_lake.state(query_name), out_lake.results(query_name), out_lake.metrics(query_name),
+                 out_lake.checkpoints(query_name)) + ((out_lake.quarantine(query_name),) if quarantine else ()):
+        fsutil.remove(path)
+
+
+def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int) -> str:
+    """Batch of a row: 0 = warm-up state, 1.. = cycles; null = outside the interval. Rows
+    without an event time (quarantined as bad_time) count in batch 1."""
+    window = "(CASE _s " + " ".join(f"WHEN {i} THEN {eq.window_us[s]}" for i, s in enumerate(eq.streams)) + " END)"
+    return (f"CASE WHEN _ts IS NULL THEN 1 "
+            f"WHEN _ts >= {start_us} AND _ts < {end_us} THEN CAST(1 + floor((_ts - {start_us}) / {cycle_us}) AS INT) "
+            f"WHEN _ts < {start_us} AND _ts > {start_us} - {window} THEN 0 END")
+
+
+@dataclass
+class IntervalInput:
+    """The interval's rows, read and validated once: every valid row with its batch (column
+    ``_batch``: 0 = warm-up, 1.. = cycles), counts of what was rejected."""
+
+    start_us: int
+    end_us: int
+    cycle_us: int
+    n_batches: int
+    frame: object  # persisted Spark DataFrame of frame rows with _reason and _batch, or None
+    rejects: list  # FileReject
+    rows_in: dict  # batch -> stream -> valid rows
+    counts: dict  # batch -> stream -> reason -> rows
+    ts_range: dict  # batch -> (min ts, max ts) of valid rows
+    seconds: float = 0.0
+
+    def quarantine_totals(self) -> dict:
+        totals: dict = {}
+        for b in range(1, self.n_batches + 1):
+            for s, reasons in self.counts.get(b, {}).items():
+                for reason, n in reasons.items():
+                    totals.setdefault(s, {}).setdefault(reason, 0)
+                    totals[s][reason] += n
+        return totals
+
+    def valid(self):
+        from pyspark.sql import functions as F
+
+        return None if self.frame is None else self.frame.where(F.col("_reason").isNull())
+
+    def release(self) -> None:
+        if self.frame is not None:
+            self.frame.unpersist()
+
+
+def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> IntervalInput:
+    """Read every landed file of the query's streams once, validate (rejected rows and files go to
+    ``out_lake``'s quarantine), assign rows to batches, cache."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    t0 = time.perf_counter()
+    start_us, end_us = to_micros(start), to_micros(end)
+    cycle_us = int(round(float(cycle) * MICROS))
+    if cycle_us <= 0 or end_us <= start_us:
+        raise EngineError(f"need start < end and a positive cycle (got {iso(start)} .. {iso(end)}, cycle {cycle})")
+    n_batches = -(-(end_us - start_us) // cycle_us)
+    files = {s.name: in_lake.stream_files(s.source) for s in query.streams}
+    inspected = inspect_files(query, eq, files)
+    frame = normalize_streams(spark, query, eq, inspected)
+    rows_in: dict = {}
+    counts: dict = {}
+    ts_range: dict = {}
+    if frame is not None:
+        frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
+            .where(F.col("_batch").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
+        for r in frame.groupBy("_batch", "_s", "_reason").agg(
+                F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi"), F.min("_ts").alias("lo")).collect():
+            s = eq.streams[r["_s"]]
+            if r["_reason"] is None:
+                rows_in.setdefault(r["_batch"], {})[s] = r["n"]
+                lo, hi = ts_range.get(r["_batch"], (None, None))
+                ts_range[r["_batch"]] = (r["lo"] if lo is None else min(lo, r["lo"]),
+                                         r["hi"] if hi is None else max(hi, r["hi"]))
+            else:
+                counts.setdefault(r["_batch"], {}).setdefault(s, {})[r["_reason"]] = r["n"]
+        totals: dict = {}
+        for per in counts.values():
+            for s, reasons in per.items():
+                for reason, n in reasons.items():
+                    totals.setdefault(s, {}).setdefault(reason, 0)
+                    totals[s][reason] += n
+        write_quarantine(frame, totals, [], out_lake, query.name, eq)
+    write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
+    for rej in inspected.rejects:  # rejected files count in the first batch
+        per = counts.setdefault(1, {}).setdefault(rej.stream, {})
+        per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
+    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, ts_range,
+                         time.perf_counter() - t0)
+
+
+@dataclass
+class Prepared(IntervalInput):
+    """The interval's input routed to key buckets once (shared by every plan evaluated on it)."""
+
+    routed: object = None  # persisted: stage-1 rows of every batch (column _batch), partitioned by (_c, _b)
+
+    def batch_input(self, b: int) -> BatchInput:
+        lo, hi = self.ts_range.get(b, (None, None))
+        return BatchInput(deltas=None, routed=self.routed.where(f"_batch = {b}").drop("_batch"),
+                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}), max_ts=hi, min_ts=lo,
+                          quarantined_files=[r.to_json() for r in self.rejects] if b == 1 else [])
+
+    def release(self) -> None:
+        self.routed.unpersist()
+
+
+def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
+    """:func:`read_interval`, then route every batch's rows (and its bucket ticks) to key buckets once."""
+    from dataclasses import fields
+
+    from pyspark import StorageLevel
+
+    t0 = time.perf_counter()
+    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
+    batches = list(range(0, data.n_batches + 1))
+    valid = data.valid()
+    routed = runner.ticks(batches)
+    if valid is not None:
+        routed = runner.route(valid, keep=("_batch",)).unionByName(routed)
+    # sorted by batch inside each partition, so that the in-memory column batches' statistics let
+    # every batch's scan skip the other batches' rows
+    routed = runner.partitioned(routed).sortWithinPartitions("_batch").persist(StorageLevel.MEMORY_AND_DISK)
+    routed.count()
+    data.release()
+    prepared = Prepared(**{f.name: getattr(data, f.name) for f in fields(IntervalInput)}, routed=routed)
+    prepared.frame = None
+    prepared.seconds = time.perf_counter() - t0
+    return prepared
+
+
+def warm_up(runner: BatchRunner, compiled, prepared: Prepared) -> dict:
+    """Batch 0: build the state from the rows before ``start`` (emits nothing; plan-independent)."""
+    t0 = time.perf_counter()
+    rec = runner.run(0, prepared.batch_input(0), compiled, purge_bound=prepared.start_us, emit=False,
+                     write_metrics=False)
+    rec["warmup_seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def copy_state(src: BatchRunner, dst: BatchRunner) -> None:
+    """Give ``dst`` the committed state of ``src`` (the shared warm-up of several plans)."""
+    from pyarrow import fs as pafs
+
+    sfs, sp = fsutil.resolve(src.store.root)
+    dfs, dp = fsutil.resolve(dst.store.root)
+    fsutil.remove(dst.store.root)
+    pafs.copy_files(sp, dp, source_filesystem=sfs, destination_filesystem=dfs)
+
+
+def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner, warm: dict | None = None) -> RunSummary:
+    """Evaluate one plan on prepared input into the runner's lake (``warm``: the warm-up already
+    ran into the runner's state, this is its record)."""
+    t_run = time.perf_counter()
+    config = runner.config
+    eq = runner.eq
+    totals = prepared.quarantine_totals()
+    if warm is None:
+        warm = warm_up(runner, compiled, prepared)
+    warmup_seconds = warm["warmup_seconds"]
+    records = []
+    for b in range(1, prepared.n_batches + 1):
+        c0 = prepared.start_us + (b - 1) * prepared.cycle_us
+        c1 = min(c0 + prepared.cycle_us, prepared.end_us)
+        rec = runner.run(b, prepared.batch_input(b), compiled, purge_bound=c1, extra={
+            "interval": [iso(c0 / MICROS), iso(c1 / MICROS)], "watermark": c0})
+        records.append(rec)
+        log.info("batch %d: %d rows in, %d results, %.2fs", b, sum(rec["rows_in"].values()), rec["result_rows"],
+                 rec["wall_seconds"])
+    metrics_path = write_jsonl(runner.metrics_dir, records)
+    return RunSummary(
+        query=query.name, engine="mjoin", mode="interval",
+        interval=[iso(prepared.start_us / MICROS), iso(prepared.end_us / MICROS)],
+        cycle_seconds=prepared.cycle_us / MICROS, plan_version=compiled.version, plan_strategy=compiled.strategy,
+        batches=prepared.n_batches, result_rows=sum(r["result_rows"] for r in records),
+        wall_seconds=time.perf_counter() - t_run + prepared.seconds,
+        batch_seconds=sum(r["wall_seconds"] for r in records), prepare_seconds=prepared.seconds,
+        warmup_seconds=warmup_seconds,
+        rows_in={s: sum(r["rows_in"][s] for r in records) for s in eq.streams},
+        quarantined=totals, metrics_path=metrics_path, results_path=runner.results_root,
+        extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
+               "prefilter": compiled.prefilter, "buckets": config.buckets},
+    )
+
+
+def run_interval(spark, query, plan, lake, start, end, cycle, out, *, engine: str = "mjoin",
+                 config: EngineConfig | None = None) -> RunSummary:
+    """Join the lake's data of ``[start, end)`` in cycles of ``cycle`` seconds into ``out``.
+
+    ``plan``: a :class:`~mjoin.plan.Plan`, a plan file, or None (the spec's fixed order).
+    ``out``: a folder (or Lake) for results, metrics, state and quarantine; it is cleared first.
+    """
+    if engine == "spark-native":
+        from .native import run_native_interval
+
+        return run_native_interval(spark, query, plan, lake, start, end, cycle, out, config=config)
+    if engine != "mjoin":
+        raise EngineError(f"unknown engine {engine!r} (mjoin, spark-native)")
+    return run_interval_plans(spark, query, {"": plan}, lake, start, end, cycle, out, config=config)[""]
+
+
+def run_interval_plans(spark, query, plans: dict, lake, start, end, cycle, out, *,
+                       config: EngineConfig | None = None) -> dict:
+    """Evaluate several plans on the same interval, reading and validating the input once.
+    ``plans``: name -> plan; each plan's outputs go to ``out/<name>`` (``out`` itself for name "")."""
+    config = config or EngineConfig()
+    query = as_query(query)
+    compiled = {name: compile_plan(query, p, config) for name, p in plans.items()}
+    before = apply_engine_conf(spark)
+    prepared = None
+    try:
+        out_root = as_lake(out)
+        clear_outputs(out_root, query.name)
+        root_runner = BatchRunner(spark, query, out_root, config, mode="interval")
+        group = f"mjoin-{query.name}-prepare-{time.time_ns()}"
+        spark.sparkContext.setJobGroup(group, f"mjoin {query.name}: read and route the interval", interruptOnCancel=False)
+        prepared = prepare_interval(spark, query, root_runner, as_lake(lake), start, end, cycle)
+        prepare_shuffle = shuffle_bytes(spark, group)
+        summaries = {}
+        shared = None
+        if len(compiled) > 1 or "" not in compiled:
+            # the warm-up state does not depend on the plan: build it once, copy it to every plan
+            shared = warm_up(root_runner, next(iter(compiled.values())), prepared)
+        for name in sorted(compiled, key=lambda n: n == ""):  # the root's own plan last: it advances the root state
+            cp = compiled[name]
+            runner = root_runner
+            if name:
+                target = as_lake(fsutil.join(out_root.root, name))
+                clear_outputs(target, query.name)
+                runner = BatchRunner(spark, query, target, config, mode="interval")
+                copy_state(root_runner, runner)
+            summaries[name] = run_prepared(spark, query, cp, prepared, runner, warm=shared)
+            summaries[name].extra["prepare_shuffle_bytes"] = prepare_shuffle
+        return summaries
+    finally:
+        if prepared is not None:
+            prepared.release()
+        restore_conf(spark, before)

@@ -1,0 +1,105 @@
+"""Per-batch metrics records: writing them idempotently, reading them back, Spark's shuffle bytes.
+
+One JSON document per batch, ``<lake>/metrics/<query>/batch=<B>.json``, replaced
+atomically (a re-run of a batch after a crash replaces its record, never adds a
+second one); interval runs also write ``metrics.jsonl`` (one line per batch) at
+the end. :func:`read_metrics` reads either form.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from .. import fsutil
+
+BATCH_FILE = re.compile(r"^batch=(\d+)\.json$")
+JSONL = "metrics.jsonl"
+
+
+def write_record(metrics_dir: str, record: dict) -> str:
+    path = fsutil.join(metrics_dir, f"batch={int(record['batch_id'])}.json")
+    fsutil.atomic_write_text(path, json.dumps(record, sort_keys=True, default=_jsonable))
+    return path
+
+
+def write_jsonl(metrics_dir: str, records: list[dict]) -> str:
+    path = fsutil.join(metrics_dir, JSONL)
+    text = "".join(json.dumps(r, sort_keys=True, default=_jsonable) + "\n" for r in records)
+    fsutil.atomic_write_text(path, text)
+    return path
+
+
+def _jsonable(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _metrics_dir(path_or_lake, query) -> str:
+    if query is not None:
+        from ..lake import Lake
+
+        lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
+        return lake.metrics(query if isinstance(query, str) else query.name)
+    return str(path_or_lake)
+
+
+def read_metrics(path_or_lake_query, query=None) -> list[dict]:
+    """Metrics records sorted by batch id. ``path_or_lake_query``: a ``metrics.jsonl`` file, a metrics
+    folder, a ``(lake, query)`` pair, or a lake (root or :class:`~mjoin.lake.Lake`) with ``query``."""
+    if isinstance(path_or_lake_query, tuple):
+        path_or_lake_query, query = path_or_lake_query
+    path = _metrics_dir(path_or_lake_query, query)
+    records = {}
+    if fsutil.is_dir(path):
+        for name in fsutil.listdir(path):
+            if BATCH_FILE.match(name):
+                rec = json.loads(fsutil.read_text(fsutil.join(path, name)))
+                records[rec["batch_id"]] = rec
+        if not records and fsutil.exists(fsutil.join(path, JSONL)):
+            path = fsutil.join(path, JSONL)
+    if not fsutil.is_dir(path):
+        if not fsutil.exists(path):
+            raise FileNotFoundError(f"no metrics at {path}")
+        for line in fsutil.read_text(path).splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                records[rec["batch_id"]] = rec  # a later line for the same batch wins
+    return [records[b] for b in sorted(records)]
+
+
+# ---- Spark: shuffle bytes of the jobs of one batch --------------------------------------
+
+
+def shuffle_bytes(spark, job_group: str) -> dict:
+    """Shuffle bytes read and written by the jobs tagged ``job_group`` (Spark's status store:
+    filled by the AppStatusListener whether or not the UI runs)."""
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    store = sc._jsc.sc().statusStore()
+    read = written = 0
+    stages = 0
+    for job in tracker.getJobIdsForGroup(job_group):
+        info = tracker.getJobInfo(job)
+        for sid in (info.stageIds if info else []):
+            try:
+                data = store.lastStageAttempt(sid)
+            except Exception:  # stage evicted from the store (spark.ui.retainedStages) or skipped
+                continue
+            read += int(data.shuffleReadBytes())
+            written += int(data.shuffleWriteBytes())
+            stages += 1
+    return {"read": read, "written": written, "stages": stages}
+
+
+def machine() -> dict:
+    import platform
+
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}

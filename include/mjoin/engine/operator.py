@@ -1,0 +1,524 @@
+"""The per-bucket multi-way window join operator: vectorised index nested loops (numpy + pyarrow).
+
+No Spark here: a Spark task hands one key bucket's rows to :func:`process_bucket`
+and persists what it returns. Everything is a whole-array numpy operation per
+bucket, never a Python loop per key or per tuple (per-key Python cost ~2 ms per
+key group in the trial, see docs/engine.md).
+
+State: per (attribute class, stream, bucket) a :class:`KeyedRows`, rows sorted by
+``(key, ts)`` with a CSR index (unique keys + offsets): a sorted-array state, so a
+lookup costs ``log(kappa)`` (ALGORITHMS.md Eq. 6).
+
+Probing within one attribute class is factorised (the paper's model, rho = 1):
+a *group* is a delta tuple (or, after a class change, one materialised partial
+result). At each step every surviving group looks its key up once in the next
+state (``q`` lookups), gathers the key's tuples and keeps those compatible in
+time with the group (``s`` matches; groups with >= 1 match are the ``m`` hits,
+Eq. 9-11); groups without a match die. Only after the segment's last step are
+the surviving groups' cross products materialised, with the exact pairwise
+window check. So the probing cost follows the order (q f(kappa) + s per step)
+and the materialisation is the same work for every order.
+
+Time: a partial result keeps ``lo = max ts`` and ``hi = min(ts_i + W_i)`` of its
+members; a tuple ``r`` may join iff ``ts_r > lo - W_r`` and ``ts_r < hi``. That
+is exactly ``max(ts) - ts_i < W_i`` for every member (ALGORITHMS.md, "Notation").
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from ..partition import group_of
+from .compiled import CompiledPlan, EngineQuery, key_name
+
+EMPTY = np.zeros(0, dtype=np.int64)
+KIND_TICK, KIND_DELTA, KIND_PARTIAL = 0, 1, 2
+
+
+def expand(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Concatenation of ``range(start[i], start[i] + count[i])`` for all i, vectorised."""
+    total = int(count.sum()) if len(count) else 0
+    if total == 0:
+        return EMPTY
+    ends = np.cumsum(count)
+    return np.arange(total, dtype=np.int64) - np.repeat(ends - count, count) + np.repeat(start, count)
+
+
+def int_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """An int64 column as numpy plus its validity mask (None when it has no nulls)."""
+    col = table.column(name)
+    if col.null_count == 0:
+        return np.asarray(col.to_numpy(), dtype=np.int64), None
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(col.fill_null(0).to_numpy(), dtype=np.int64), valid
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """Unique values of an already sorted array (cheaper than np.unique)."""
+    if len(a) == 0:
+        return a
+    keep = np.empty(len(a), dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
+class KeyedRows:
+    """Rows of one stream in one (class, bucket), sorted by (key, ts), indexed by key (CSR)."""
+
+    __slots__ = ("table", "key_col", "key", "ts", "ukeys", "offsets", "_keys")
+
+    def __init__(self, table: pa.Table, key_col: str, presorted: bool = False):
+        key, _ = int_column(table, key_col)
+        ts, _ = int_column(table, "_ts")
+        if not presorted and len(key) > 1:
+            order = np.lexsort((ts, key))
+            if not np.array_equal(order, np.arange(len(order))):
+                table = table.take(order)
+                key, ts = key[order], ts[order]
+        self.table = table
+        self.key_col = key_col
+        self.key = key
+        self.ts = ts
+        if len(key):
+            bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+            self.ukeys = key[np.concatenate(([0], bounds))]
+            self.offsets = np.concatenate(([0], bounds, [len(key)])).astype(np.int64)
+        else:
+            self.ukeys = EMPTY
+            self.offsets = np.zeros(1, dtype=np.int64)
+        self._keys = {key_col: key}
+
+    @classmethod
+    def empty(cls, schema: pa.Schema, key_col: str) -> "KeyedRows":
+        return cls(schema.empty_table(), key_col, presorted=True)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    @property
+    def nkeys(self) -> int:
+        return len(self.ukeys)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes + self.key.nbytes + self.ts.nbytes + self.ukeys.nbytes + self.offsets.nbytes)
+
+    def keys_of(self, column: str) -> np.ndarray:
+        """Another int64 key column (a stream's key in another attribute class)."""
+        if column not in self._keys:
+            self._keys[column] = int_column(self.table, column)[0]
+        return self._keys[column]
+
+    def ranges(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each key: (first row, number of rows) holding it; count 0 when absent."""
+        if self.nkeys == 0 or len(keys) == 0:
+            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64)
+        pos = np.searchsorted(self.ukeys, keys)
+        pos = np.minimum(pos, self.nkeys - 1)
+        found = self.ukeys[pos] == keys
+        start = np.where(found, self.offsets[pos], 0)
+        count = np.where(found, self.offsets[pos + 1] - self.offsets[pos], 0)
+        return start, count
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        return self.ranges(keys)[1] > 0
+
+    def concat(self, other: "KeyedRows") -> "KeyedRows":
+        """This state plus new rows (``other``), re-sorted; ``self`` if there is nothing new."""
+        if len(other) == 0:
+            return self
+        if len(self) == 0:
+            return other
+        table = pa.concat_tables([self.table, other.table.select(self.table.column_names).cast(self.table.schema)])
+        return KeyedRows(table, self.key_col)
+
+    def purge(self, threshold: int | None) -> "KeyedRows":
+        """Drop rows with ``ts <= threshold`` (they can join no future tuple); ``self`` if none."""
+        if threshold is None or len(self) == 0:
+            return self
+        keep = self.ts > threshold
+        if keep.all():
+            return self
+        idx = np.flatnonzero(keep)
+        return KeyedRows(self.table.take(idx), self.key_col, presorted=True)
+
+
+# ---- groups and segments -------------------------------------------------------------
+
+
+@dataclass
+class Groups:
+    """Partial results entering a segment: delta tuples (stage 1) or materialised partials."""
+
+    key: np.ndarray  # lookup key in the segment's class
+    lo: np.ndarray  # max ts of the members
+    hi: np.ndarray  # min(ts + W) of the members
+    bound: dict  # key column -> (values, known mask): keys fixed by the members so far
+    payload: pa.Table  # payload columns of the members so far
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def subset(self, idx: np.ndarray) -> "Groups":
+        return Groups(self.key[idx], self.lo[idx], self.hi[idx],
+                      {k: (v[idx], m[idx]) for k, (v, m) in self.bound.items()}, self.payload.take(idx))
+
+
+@dataclass
+class StepStats:
+    left: str
+    right: str
+    lookups: int = 0
+    found: int = 0  # lookups whose key is in the state
+    hits: int = 0  # lookups with >= 1 time-compatible match (m)
+    matches: int = 0  # time-compatible matching tuples (s)
+    seconds: float = 0.0
+    calls: int = 0  # vectorised lookups issued (one per bucket and chain with groups alive)
+
+    def to_json(self) -> dict:
+        return {"left": self.left, "right": self.right, "lookups": self.lookups, "found": self.found,
+                "hits": self.hits, "matches": self.matches, "seconds": self.seconds, "calls": self.calls}
+
+
+@dataclass
+class SegmentRun:
+    alive: np.ndarray  # groups that matched at every step
+    matches: list  # per step: (group ids, candidate rows), sorted by group
+    stats: list  # StepStats per step
+
+
+def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
+    """Factorised probing of one same-class segment: per step one lookup per surviving group."""
+    alive = np.arange(len(groups), dtype=np.int64)
+    matches, stats = [], []
+    for left, right in steps:
+        st = StepStats(left, right)
+        t0 = time.perf_counter()
+        if len(alive):
+            view = views[right]
+            start, count = view.ranges(groups.key[alive])
+            st.lookups = len(alive)
+            st.calls = 1
+            st.found = int(np.count_nonzero(count))
+            grp = np.repeat(alive, count)
+            cand = expand(start, count)
+            tsc = view.ts[cand]
+            ok = (tsc > groups.lo[grp] - window_us[right]) & (tsc < groups.hi[grp])
+            grp, cand = grp[ok], cand[ok]
+            alive = _sorted_unique(grp)
+            st.hits, st.matches = len(alive), len(grp)
+        else:
+            grp = cand = EMPTY
+        st.seconds = time.perf_counter() - t0
+        matches.append((grp, cand))
+        stats.append(st)
+    return SegmentRun(alive, matches, stats)
+
+
+@dataclass
+class Materialised:
+    grp: np.ndarray  # row -> group it extends
+    idx: dict  # stream joined in this segment -> row in its view
+    lo: np.ndarray
+    hi: np.ndarray
+    bound: dict  # key column -> (values, known)
+
+    def __len__(self) -> int:
+        return len(self.grp)
+
+
+def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQuery) -> Materialised:
+    """Cross products of the surviving groups' matches, with the exact pairwise window check
+    and residual equality on keys of other classes (cyclic graphs across classes)."""
+    rows = run.alive
+    lo, hi = groups.lo[rows], groups.hi[rows]
+    bound = {k: (v[rows], m[rows]) for k, (v, m) in groups.bound.items()}
+    idx: dict = {}
+    for (left, right), (grp_k, cand_k) in zip(steps, run.matches):
+        if len(rows) == 0:
+            idx[right] = EMPTY
+            continue
+        view = views[right]
+        first = np.searchsorted(grp_k, rows, side="left")
+        last = np.searchsorted(grp_k, rows, side="right")
+        count = last - first
+        rep = np.repeat(np.arange(len(rows), dtype=np.int64), count)
+        cand = cand_k[expand(first, count)]
+        tsc = view.ts[cand]
+        w = eq.window_us[right]
+        ok = (tsc > lo[rep] - w) & (tsc < hi[rep])
+        new_bound = {}
+        for cls in eq.stream_classes[right]:
+            col = key_name(cls)
+            kv = view.keys_of(col)[cand]
+            if col in bound:
+                vals, known = bound[col][0][rep], bound[col][1][rep]
+                ok &= ~known | (vals == kv)
+                new_bound[col] = (np.where(known, vals, kv), np.ones(len(rep), dtype=bool))
+            else:
+                new_bound[col] = (kv, np.ones(len(rep), dtype=bool))
+        sel = np.flatnonzero(ok)
+        rep, cand = rep[sel], cand[sel]
+        rows = rows[rep]
+        tsc = tsc[sel]
+        lo = np.maximum(lo[rep], tsc)
+        hi = np.minimum(hi[rep], tsc + w)
+        bound = {k: (v[rep], m[rep]) for k, (v, m) in bound.items()}
+        bound.update({k: (v[sel], m[sel]) for k, (v, m) in new_bound.items()})
+        idx = {s: a[rep] for s, a in idx.items()}
+        idx[right] = cand
+    return Materialised(rows, idx, lo, hi, bound)
+
+
+def gather_payload(eq: EngineQuery, groups: Groups, mat: Materialised, views: dict, schema: pa.Schema) -> dict:
+    """Every payload column for the materialised rows (null for streams not joined yet)."""
+    out = {}
+    n = len(mat)
+    for s in eq.streams:
+        for p in eq.payload_columns(s):
+            if s in mat.idx:
+                out[p] = views[s].table.column(p).take(pa.array(mat.idx[s]))
+            elif p in groups.payload.column_names:
+                out[p] = groups.payload.column(p).take(pa.array(mat.grp))
+            else:
+                out[p] = pa.nulls(n, schema.field(p).type)
+    return out
+
+
+def result_table(eq: EngineQuery, payload: dict, result_schema: pa.Schema) -> pa.Table:
+    return pa.table([payload[p] for _, p in eq.output], schema=result_schema)
+
+
+# ---- one bucket of one stage -----------------------------------------------------------
+
+
+@dataclass
+class BucketContext:
+    """What every task of one stage of one batch needs (pickled into the Spark closure)."""
+
+    eq: EngineQuery
+    plan: CompiledPlan
+    frame_schema: pa.Schema
+    result_schema: pa.Schema
+    batch_id: int
+    stage: int
+    buckets: int
+    emit: bool = True  # False: warm-up (only build state)
+    purge_bound: int | None = None  # every future row has ts >= this (micros)
+    prefilter_accounting: bool = True
+
+    def state_schema(self, stream: str) -> pa.Schema:
+        return pa.schema([self.frame_schema.field(c) for c in self.eq.state_columns(stream)])
+
+
+@dataclass
+class StateUpdate:
+    """A (class, stream, bucket) state after a batch: the rows kept, the batch's new rows, and the
+    purge threshold (rows with ts <= it are gone)."""
+
+    rows: KeyedRows
+    delta: KeyedRows
+    threshold: int | None
+    changed: bool
+
+
+@dataclass
+class BucketOutput:
+    doc: dict
+    results: list = field(default_factory=list)  # pa.Tables
+    partials: list = field(default_factory=list)  # pa.Tables in frame schema
+    new_state: dict = field(default_factory=dict)  # stream -> StateUpdate
+
+
+def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
+                 attr_class: str) -> KeyedRows:
+    sel = np.flatnonzero((kind == KIND_DELTA) & (s_idx == ctx.eq.index(stream)))
+    table = rows.take(sel).select(ctx.eq.state_columns(stream)).cast(ctx.state_schema(stream))
+    return KeyedRows(table, key_name(attr_class))
+
+
+def _groups_from_delta(ctx: BucketContext, rows: KeyedRows, stream: str, attr_class: str, sel=None) -> Groups:
+    eq = ctx.eq
+    t = rows.table if sel is None else rows.table.take(sel)
+    ts = rows.ts if sel is None else rows.ts[sel]
+    bound = {}
+    for c in eq.stream_classes[stream]:
+        col = key_name(c)
+        v = rows.keys_of(col) if sel is None else rows.keys_of(col)[sel]
+        bound[col] = (v, np.ones(len(v), dtype=bool))
+    return Groups(bound[key_name(attr_class)][0], ts.copy(), ts + eq.window_us[stream], bound,
+                  t.select(eq.payload_columns(stream)))
+
+
+def _groups_from_partials(ctx: BucketContext, part: pa.Table, attr_class: str) -> Groups:
+    eq = ctx.eq
+    bound = {}
+    for c in eq.classes:
+        v, valid = int_column(part, key_name(c))
+        bound[key_name(c)] = (v, np.ones(len(v), dtype=bool) if valid is None else valid)
+    lo, _ = int_column(part, "_lo")
+    hi, _ = int_column(part, "_hi")
+    return Groups(bound[key_name(attr_class)][0], lo, hi, bound, part.select(eq.all_payload_columns))
+
+
+def _partial_table(ctx: BucketContext, payload: dict, mat: Materialised, chain_idx: int, group: int,
+                   next_step: int, next_class: str) -> pa.Table:
+    eq, sch = ctx.eq, ctx.frame_schema
+    n = len(mat)
+    nk_vals, nk_known = mat.bound[key_name(next_class)]
+    assert nk_known.all(), "the next step's key is bound by a member already joined"
+    cols = {
+        "_kind": pa.array(np.full(n, KIND_PARTIAL, dtype=np.int8)),
+        "_c": pa.array(np.full(n, eq.class_index(next_class), dtype=np.int32)),
+        "_b": pa.array(np.mod(nk_vals, ctx.buckets).astype(np.int32)),
+        "_chain": pa.array(np.full(n, chain_idx, dtype=np.int32)),
+        "_grp": pa.array(np.full(n, group, dtype=np.int32)),
+        "_step": pa.array(np.full(n, next_step, dtype=np.int32)),
+        "_lo": pa.array(mat.lo), "_hi": pa.array(mat.hi),
+    }
+    for c in eq.classes:
+        col = key_name(c)
+        if col in mat.bound:
+            v, known = mat.bound[col]
+            cols[col] = pa.array(v, mask=~known)
+    cols.update(payload)
+    arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in sch]
+    return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, sch)], schema=sch)
+
+
+def _chain_doc(stream: str, group: int, rows_in: int) -> dict:
+    return {"stream": stream, "group": group, "rows_in": rows_in, "steps": {}, "seconds": 0.0,
+            "materialise_seconds": 0.0, "results": 0, "partials": 0}
+
+
+def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups: Groups, chain, seg, views: dict):
+    """Probe one segment, materialise, then emit results (chain complete) or partials (class change)."""
+    eq = ctx.eq
+    steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
+    t0 = time.perf_counter()
+    run = probe(groups, steps, views, eq.window_us)
+    t1 = time.perf_counter()
+    mat = materialise(groups, run, steps, views, eq)
+    payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
+    if seg.end == len(chain.steps):
+        if len(mat):
+            out.results.append(result_table(eq, payload, ctx.result_schema))
+        chain_doc["results"] += len(mat)
+    elif len(mat):
+        nxt = chain.steps[seg.end][2]
+        out.partials.append(_partial_table(ctx, payload, mat, eq.index(chain.stream), chain.group, seg.end, nxt))
+        chain_doc["partials"] += len(mat)
+    t2 = time.perf_counter()
+    for k, st in enumerate(run.stats):
+        chain_doc["steps"][str(seg.start + k)] = st.to_json()
+    chain_doc["seconds"] += t2 - t0
+    chain_doc["materialise_seconds"] += t2 - t1
+
+
+def _views_for(eq: EngineQuery, chain_stream: str, members, old: dict, full: dict) -> dict:
+    """Visible state for the chain of ``chain_stream`` (delta decomposition): streams before
+    it in canonical order are seen with this batch's new tuples, streams after it without."""
+    i = eq.index(chain_stream)
+    return {j: (full[j] if eq.index(j) < i else old[j]) for j in members if j != chain_stream}
+
+
+def _prefilter(ctx: BucketContext, groups: Groups, chain, views: dict, doc: dict) -> Groups:
+    """SMJ synopsis filter: drop groups whose key is absent from some other stream's window."""
+    t0 = time.perf_counter()
+    keep = np.ones(len(groups), dtype=bool)
+    for j, view in views.items():
+        keep &= view.contains(groups.key)
+    doc["seconds"] += time.perf_counter() - t0
+    doc["checked"] += len(groups)
+    dropped = np.flatnonzero(~keep)
+    doc["dropped"] += len(dropped)
+    if len(dropped) and ctx.prefilter_accounting:
+        # what the dropped tuples would have cost: re-run their probes, outside the timing
+        seg = chain.segments[0]
+        steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
+        run = probe(groups.subset(dropped), steps, views, ctx.eq.window_us)
+        doc["lookups_saved"] += sum(st.lookups for st in run.stats)
+        doc["matches_saved"] += sum(st.matches for st in run.stats)
+    return groups if len(dropped) == 0 else groups.subset(np.flatnonzero(keep))
+
+
+def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Table, load_state) -> BucketOutput:
+    """Run one stage of one batch for one (attribute class, bucket).
+
+    ``rows`` holds the bucket's frame rows (deltas of the class's streams, partial
+    results routed here, a tick); ``load_state(attr_class, stream, bucket)`` returns
+    the committed state before this batch as :class:`KeyedRows`. Stage 1 also returns
+    the bucket's next state (old + new tuples, purged) in ``new_state``.
+    """
+    eq, plan = ctx.eq, ctx.plan
+    t_start = time.perf_counter()
+    members = eq.members(attr_class)
+    kcol = key_name(attr_class)
+    kind = np.asarray(rows.column("_kind").to_numpy(zero_copy_only=False), dtype=np.int8) if rows.num_rows else np.zeros(0, np.int8)
+    s_idx = (np.asarray(rows.column("_s").fill_null(-1).to_numpy(), dtype=np.int64)
+             if rows.num_rows else EMPTY)
+    old = {}
+    t0 = time.perf_counter()
+    for j in members:
+        st = load_state(attr_class, j, bucket)
+        old[j] = st if st is not None else KeyedRows.empty(ctx.state_schema(j), kcol)
+    load_seconds = time.perf_counter() - t0
+    delta = {j: _stream_rows(ctx, rows, kind, s_idx, j, attr_class) for j in members}
+    full = {j: old[j].concat(delta[j]) for j in members}
+    out = BucketOutput(doc={"stage": ctx.stage, "class": attr_class, "bucket": bucket, "chains": [],
+                            "load_seconds": load_seconds})
+    pre = {"checked": 0, "dropped": 0, "lookups_saved": 0, "matches_saved": 0, "seconds": 0.0} if plan.prefilter else None
+    chains = out.doc["chains"]
+    if ctx.emit and ctx.stage == 1:
+        for i in members:
+            d = delta[i]
+            if len(d) == 0:
+                continue
+            views = _views_for(eq, i, members, old, full)
+            grp_of = (group_of(d.keys_of(key_name(plan.partitioning["attr_class"])), plan.partitioning)
+                      if plan.partitioning else np.zeros(len(d), dtype=np.int64))
+            for g in np.unique(grp_of):
+                chain = plan.chain(i, int(g))
+                seg = chain.segments[0]
+                if seg.attr_class != attr_class:
+                    continue  # this chain starts in another class: that class's task runs it
+                sel = np.flatnonzero(grp_of == g)
+                doc = _chain_doc(i, int(g), len(sel))
+                groups = _groups_from_delta(ctx, d, i, attr_class, None if len(sel) == len(d) else sel)
+                if pre is not None:
+                    groups = _prefilter(ctx, groups, chain, views, pre)
+                _run_segment(ctx, out, doc, groups, chain, seg, views)
+                chains.append(doc)
+    elif ctx.emit:
+        psel = np.flatnonzero(kind == KIND_PARTIAL)
+        if len(psel):
+            part = rows.take(psel)
+            chain_idx = np.asarray(part.column("_chain").to_numpy(), dtype=np.int64)
+            grp = np.asarray(part.column("_grp").to_numpy(), dtype=np.int64)
+            step = np.asarray(part.column("_step").to_numpy(), dtype=np.int64)
+            combo = np.stack([chain_idx, grp, step], axis=1)
+            for ci, g, k in np.unique(combo, axis=0):
+                sel = np.flatnonzero((chain_idx == ci) & (grp == g) & (step == k))
+                i = eq.streams[int(ci)]
+                chain = plan.chain(i, int(g))
+                seg = chain.segment_at(int(k))
+                views = _views_for(eq, i, members, old, full)
+                doc = _chain_doc(i, int(g), 0)
+                doc["partials_in"] = len(sel)
+                groups = _groups_from_partials(ctx, part.take(sel), attr_class)
+                _run_segment(ctx, out, doc, groups, chain, seg, views)
+                chains.append(doc)
+    if ctx.stage == 1:
+        for j in members:
+            threshold = None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j]
+            new = full[j].purge(threshold)
+            out.new_state[j] = StateUpdate(new, delta[j], threshold, changed=new is not old[j])
+    out.doc["prefilter"] = pre
+    out.doc["views"] = {j: {"old_keys": old[j].nkeys, "full_keys": full[j].nkeys, "old_tuples": len(old[j]),
+                            "full_tuples": len(full[j])} for j in members}
+    out.doc["seconds"] = time.perf_counter() - t_start
+    return out

@@ -1,0 +1,63 @@
+"""Reading join results back: only committed batches (those with a ``_SUCCESS`` marker)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import fsutil
+
+BATCH_DIR = re.compile(r"^batch=(\d+)$")
+
+
+def _results_dir(path_or_lake, query) -> str:
+    if isinstance(path_or_lake, tuple):
+        path_or_lake, query = path_or_lake
+    if query is not None:
+        from ..lake import Lake
+
+        lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
+        return lake.results(query if isinstance(query, str) else query.name)
+    return str(path_or_lake)
+
+
+def committed_batches(path_or_lake_query, query=None) -> list[int]:
+    root = _results_dir(path_or_lake_query, query)
+    out = []
+    for name in fsutil.listdir(root):
+        m = BATCH_DIR.match(name)
+        if m and fsutil.exists(fsutil.join(root, name, "_SUCCESS")):
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def read_results_arrow(path_or_lake_query, query=None, *, with_batch: bool = False,
+                       batches=None) -> pa.Table:
+    root = _results_dir(path_or_lake_query, query)
+    tables, columns = [], None
+    for b in committed_batches(root):
+        if batches is not None and b not in batches:
+            continue
+        d = fsutil.join(root, f"batch={b}")
+        marker = json.loads(fsutil.read_text(fsutil.join(d, "_SUCCESS")))
+        columns = columns or marker.get("columns")
+        for name in fsutil.listdir(d):
+            if name.endswith(".parquet"):
+                fs, p = fsutil.resolve(fsutil.join(d, name))
+                t = pq.read_table(p, filesystem=fs)
+                if with_batch:
+                    t = t.append_column("batch_id", pa.array([b] * t.num_rows, pa.int64()))
+                tables.append(t)
+    if not tables:
+        names = (columns or []) + (["batch_id"] if with_batch else [])
+        return pa.table({n: pa.array([], pa.null()) for n in names})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def read_results(path_or_lake_query, query=None, *, with_batch: bool = False, batches=None) -> pd.DataFrame:
+    """Results of every committed batch as one DataFrame. ``path_or_lake_query``: a results
+    folder (``<lake>/results/<query>``), a ``(lake, query)`` pair, or a lake with ``query``."""
+    return read_results_arrow(path_or_lake_query, query, with_batch=with_batch, batches=batches).to_pandas()

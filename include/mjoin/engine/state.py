@@ -1,0 +1,214 @@
+"""Durable, versioned window state: per (class, stream, bucket) a short log of immutable Arrow IPC files.
+
+Layout under ``<lake>/state/<query>/``::
+
+    v00000007/c0/cu/b00003-<id>.arrow   rows sorted by (key, ts): _ts, _k_<class>..., payload
+    manifests/v00000007.json            the commit of batch 7: per (class, stream, bucket) the files
+                                        holding its state, the purge threshold, counts; the max
+                                        event time seen, the plan version
+    tmp/batch=7/stage=2/...             partial results between stages of batch 7
+
+A (class, stream, bucket) state is the union of the rows of its files with ``ts`` above
+its purge threshold. A batch appends one file with only its new rows (the durable
+copy costs the delta, not the state); when the files hold more than twice the live
+rows or more than :data:`MAX_FILES` files, the task writes the live state as one file
+instead (compaction). Batch ``B`` reads the latest manifest with version < B and
+writes version B; the driver writes the manifest only after every task succeeded
+(the commit). A crash before it leaves the previous version in force, and the re-run
+of B writes new files (unique names) for a new manifest. Garbage collection keeps
+every file a kept manifest names. Files are immutable, so Python workers keep the
+materialised state in memory between batches (:func:`load_state`), keyed by the
+file list; a worker that misses the cache but holds the list without its newest
+file reads only that file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections import OrderedDict
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from .. import fsutil
+from ..timeutil import iso
+from .config import EngineError
+from .operator import KeyedRows
+
+log = logging.getLogger(__name__)
+MANIFEST = re.compile(r"^v(\d{8})\.json$")
+VERSION_DIR = re.compile(r"^v(\d{8})$")
+
+
+def file_key(attr_class: str, stream: str, bucket: int) -> str:
+    return f"{attr_class}/{stream}/{bucket}"
+
+
+class StateStore:
+    """Driver side: manifests, commits, garbage collection."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def manifest_path(self, version: int) -> str:
+        return fsutil.join(self.root, "manifests", f"v{version:08d}.json")
+
+    def versions(self) -> list[int]:
+        return sorted(int(m.group(1)) for n in fsutil.listdir(fsutil.join(self.root, "manifests"))
+                      if (m := MANIFEST.match(n)))
+
+    def manifest(self, version: int) -> dict:
+        return json.loads(fsutil.read_text(self.manifest_path(version)))
+
+    def latest(self) -> dict | None:
+        v = self.versions()
+        return self.manifest(v[-1]) if v else None
+
+    def latest_before(self, version: int) -> dict | None:
+        older = [v for v in self.versions() if v < version]
+        return self.manifest(older[-1]) if older else None
+
+    @staticmethod
+    def file_rel(version: int, attr_class: str, stream: str, bucket: int) -> str:
+        """A new state file's name. The random suffix makes every write a new path, so a worker's
+        cache (keyed by path) can never serve rows of an earlier run that reused the folder."""
+        return f"v{version:08d}/{attr_class}/{stream}/b{bucket:05d}-{uuid.uuid4().hex[:12]}.arrow"
+
+    def tmp_dir(self, batch_id: int) -> str:
+        return fsutil.join(self.root, "tmp", f"batch={batch_id}")
+
+    def commit(self, doc: dict) -> None:
+        doc = dict(doc, committed_at=iso(datetime.now(timezone.utc)))
+        fsutil.atomic_write_text(self.manifest_path(doc["version"]), json.dumps(doc, indent=1, sort_keys=True))
+
+    def check_compatible(self, buckets: int, fingerprint: str) -> None:
+        """The committed state can continue under this run's bucket count and query spec."""
+        m = self.latest()
+        if m is None:
+            return
+        if m.get("buckets") != buckets:
+            raise EngineError(f"the state in {self.root} was built with {m.get('buckets')} buckets, this run uses "
+                              f"{buckets}; use --buckets {m.get('buckets')} or start from an empty state")
+        if m.get("query_fingerprint") != fingerprint:
+            raise EngineError(f"the state in {self.root} was built for another version of the query spec "
+                              f"(fingerprint {m.get('query_fingerprint')}, now {fingerprint}); start from an empty "
+                              "state and checkpoint")
+
+    def gc(self, keep: int) -> list[str]:
+        """Delete manifests beyond the newest ``keep`` and every file no kept manifest names."""
+        versions = self.versions()
+        kept = versions[-keep:]
+        for v in versions[:-keep]:
+            fsutil.remove(self.manifest_path(v))
+        referenced = set()
+        for v in kept:
+            for entry in self.manifest(v)["files"].values():
+                referenced.update(entry["files"])
+        oldest = kept[0] if kept else None
+        removed = []
+        for name in fsutil.listdir(self.root):
+            m = VERSION_DIR.match(name)
+            if not m or (oldest is not None and int(m.group(1)) >= oldest):
+                continue
+            vdir = fsutil.join(self.root, name)
+            prefix = name + "/"
+            refs = [r for r in referenced if r.startswith(prefix)]
+            if not refs:
+                fsutil.remove(vdir)
+                removed.append(name)
+                continue
+            for cls in fsutil.listdir(vdir):
+                for stream in fsutil.listdir(fsutil.join(vdir, cls)):
+                    for f in fsutil.listdir(fsutil.join(vdir, cls, stream)):
+                        rel = f"{name}/{cls}/{stream}/{f}"
+                        if rel not in referenced:
+                            fsutil.remove(fsutil.join(self.root, rel))
+        return removed
+
+
+# ---- worker side: read/write state files, cache them between batches -------------------
+
+#: compaction: at most this many files per (class, stream, bucket) state
+MAX_FILES = 8
+
+_CACHE: "OrderedDict[tuple, KeyedRows]" = OrderedDict()
+_CACHE_BYTES = [0]
+
+
+def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
+    if key in _CACHE:
+        _CACHE_BYTES[0] -= _CACHE.pop(key).nbytes
+    size = rows.nbytes
+    if size > budget_bytes:
+        return
+    _CACHE[key] = rows
+    _CACHE_BYTES[0] += size
+    while _CACHE_BYTES[0] > budget_bytes and _CACHE:
+        _, old = _CACHE.popitem(last=False)
+        _CACHE_BYTES[0] -= old.nbytes
+
+
+def cache_stats() -> dict:
+    return {"entries": len(_CACHE), "bytes": _CACHE_BYTES[0]}
+
+
+def _read_file(root: str, rel: str) -> pa.Table:
+    with pa.ipc.open_file(pa.py_buffer(fsutil.read_bytes(fsutil.join(root, rel)))) as reader:
+        return reader.read_all()
+
+
+def load_state(root: str, entry: dict | None, key_col: str, budget_bytes: int) -> tuple[KeyedRows | None, str]:
+    """The committed state a manifest entry describes (None: no rows), and where it came from
+    (``cache``, ``cache+file``, ``files``)."""
+    if entry is None:
+        return None, "empty"
+    files = tuple(entry["files"])
+    key = (root, files)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit.purge(entry.get("after")), "cache"
+    prefix = _CACHE.get((root, files[:-1])) if len(files) > 1 else None
+    if prefix is not None:
+        rows, source = prefix.concat(KeyedRows(_read_file(root, files[-1]), key_col, presorted=True)), "cache+file"
+    else:
+        tables = [_read_file(root, f) for f in files]
+        rows = KeyedRows(pa.concat_tables(tables) if len(tables) > 1 else tables[0], key_col,
+                         presorted=len(tables) == 1)
+        source = "files"
+    rows = rows.purge(entry.get("after"))
+    _cache_put(key, rows, budget_bytes)
+    return rows, source
+
+
+def _write_file(root: str, rel: str, rows: KeyedRows) -> None:
+    sink = pa.BufferOutputStream()
+    table = rows.table.combine_chunks()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    fsutil.atomic_write_bytes(fsutil.join(root, rel), sink.getvalue().to_pybytes())
+
+
+def persist_state(root: str, version: int, attr_class: str, stream: str, bucket: int, prev: dict | None,
+                  update, budget_bytes: int) -> dict | None:
+    """Make ``update`` (a :class:`~mjoin.engine.operator.StateUpdate`) durable; returns the new
+    manifest entry (None: no rows). Appends the batch's new rows as one file, or compacts."""
+    rows = update.rows
+    if len(rows) == 0:
+        return None
+    files = list(prev["files"]) if prev else []
+    stored = prev.get("stored", 0) if prev else 0
+    if len(update.delta) or not files:
+        if files and len(files) < MAX_FILES and stored + len(update.delta) <= 2 * len(rows):
+            rel = StateStore.file_rel(version, attr_class, stream, bucket)
+            _write_file(root, rel, update.delta)
+            files.append(rel)
+            stored += len(update.delta)
+        else:  # compaction: the live state as one file
+            rel = StateStore.file_rel(version, attr_class, stream, bucket)
+            _write_file(root, rel, rows)
+            files, stored = [rel], len(rows)
+    _cache_put((root, tuple(files)), rows, budget_bytes)
+    return {"files": files, "after": update.threshold, "stored": stored, "tuples": len(rows), "keys": rows.nkeys}

@@ -1,0 +1,264 @@
+"""Streaming mode: one Structured Streaming query over the landed files, one checkpoint,
+``foreachBatch`` running the same per-batch function as interval evaluation.
+
+Source: a ``binaryFile`` file source over ``<lake>/streams/`` (recursive, ``*.parquet``)
+of which only the path is used (Spark reads no content for it). Its file log in the
+checkpoint says which files each batch id holds, so a batch re-run after a crash
+sees the same files; the batch itself reads and validates them (one odd file is
+quarantined as ``bad_schema``, never fails the query; a plain per-stream Parquet
+source would fail the whole query on it). Outputs are idempotent per batch id
+(:mod:`mjoin.engine.batch`), so the file source's at-least-once replay becomes
+exactly-once output.
+
+Hot plan reload: before every batch the job reads the registry's ACTIVE version
+and switches when it changed (recorded as ``plan_switch``); without an active plan
+it uses the plan given (``plan=``), else the spec's fixed stream order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from .. import fsutil
+from ..plan import PlanError
+from ..registry import PlanRegistry, RegistryError
+from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from .compiled import CompiledPlan
+from .config import EngineConfig, EngineError
+from .inputs import as_lake, as_plan, as_query
+from .normalize import inspect_files, normalize_streams, write_quarantine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamSummary:
+    query: str
+    engine: str
+    trigger: str
+    batches: list  # batch ids processed by this run
+    result_rows: int
+    wall_seconds: float
+    plan_versions: dict  # batch id -> plan version (None: not from the registry)
+    plan_switches: list
+    rows_in: dict
+    quarantined: dict
+    metrics_path: str
+    results_path: str
+    checkpoint: str
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        q = sum(sum(v.values()) for v in self.quarantined.values())
+        sw = "; ".join(f"batch {s['batch_id']}: v{s['from']} -> v{s['to']}" for s in self.plan_switches) or "none"
+        return (f"{self.query} [{self.engine}, {self.trigger}] {len(self.batches)} batches {self.batches[:1]}.."
+                f"{self.batches[-1:]}: {self.result_rows} result rows, {sum(self.rows_in.values())} rows in, {q} "
+                f"quarantined; plan switches: {sw}; {self.wall_seconds:.2f}s\n"
+                f"  results: {self.results_path}\n  metrics: {self.metrics_path}")
+
+
+def _local(path: str) -> str:
+    """A file source path (``file:/x/y``) as the lake spells it."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if path.startswith("file:"):
+        return path[len("file:"):]
+    return path
+
+
+class StreamJob:
+    """The state of one streaming run: the current plan and the records of its batches."""
+
+    def __init__(self, spark, query, lake, plan, config: EngineConfig):
+        self.spark = spark
+        self.query = query
+        self.lake = lake
+        self.config = config
+        self.runner = BatchRunner(spark, query, lake, config, mode="stream")
+        self.eq = self.runner.eq
+        self.registry = PlanRegistry(lake, query.name)
+        fallback, src = as_plan(query, plan)
+        self.fallback = CompiledPlan.from_plan(query, fallback, source=src, prefilter=config.prefilter)
+        self.current: CompiledPlan | None = None
+        self.records: list = []
+        self.streams_root = fsutil.resolve(lake.streams())[1] if not fsutil.is_url(lake.root) else lake.streams()
+        self.by_source: dict = {}
+        for s in query.streams:
+            self.by_source.setdefault(s.source, []).append(s.name)
+
+    # ---- plans ------------------------------------------------------------------------------
+    def plan_for_batch(self, batch_id: int, prev_manifest: dict | None):
+        """(plan to run, switch record or None, plan error or None), reading the registry's ACTIVE."""
+        error = None
+        try:
+            version = self.registry.active_version()
+        except (OSError, ValueError) as exc:
+            version, error = None, f"cannot read the registry's ACTIVE pointer: {exc}"
+        new = None
+        if version is not None:
+            if self.current is not None and self.current.source == "registry" and self.current.version == version:
+                new = self.current
+            else:
+                try:
+                    plan = self.registry.get(version, self.query)
+                    new = CompiledPlan.from_plan(self.query, plan, source="registry", prefilter=self.config.prefilter)
+                except (PlanError, RegistryError, OSError, ValueError) as exc:
+                    # a bad plan never stops the join: keep the running plan and report it
+                    error = f"active plan v{version} cannot run: {exc}"
+                    log.error("batch %d: %s; keeping %s", batch_id, error, (self.current or self.fallback).describe())
+                    new = self.current
+        if new is None:
+            new = self.current or self.fallback
+            if new is self.fallback and self.current is None:
+                log.info("no active plan in the registry: running %s", new.describe())
+        before = (self.current.version, self.current.source) if self.current else (
+            (prev_manifest.get("plan_version"), prev_manifest.get("plan_source")) if prev_manifest else None)
+        switch = None
+        if before is not None and before != (new.version, new.source):
+            switch = {"from": before[0], "to": new.version, "from_source": before[1], "to_source": new.source,
+                      "batch_id": batch_id}
+            log.info("batch %d: plan switch v%s (%s) -> v%s (%s)", batch_id, before[0], before[1], new.version,
+                     new.source)
+        self.current = new
+        return new, switch, error
+
+    # ---- one micro-batch -----------------------------------------------------------------------
+    def files_by_stream(self, paths) -> tuple[dict, int]:
+        out: dict = {s: [] for s in self.eq.streams}
+        ignored = 0
+        root = self.streams_root.rstrip("/") + "/"
+        for p in sorted(paths):
+            local = _local(p)
+            if not local.startswith(root):
+                ignored += 1
+                continue
+            source = local[len(root):].split("/", 1)[0]
+            names = self.by_source.get(source)
+            if not names:
+                ignored += 1  # another query's stream
+                continue
+            for n in names:
+                out[n].append(local if not fsutil.is_url(self.lake.root) else p)
+        return out, ignored
+
+    def process(self, df, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        spark, eq, runner = self.spark, self.eq, self.runner
+        t0 = time.perf_counter()
+        paths = [r.path for r in df.select("path").collect()]
+        files, ignored = self.files_by_stream(paths)
+        prev = runner.store.latest_before(batch_id)
+        prev_max = prev.get("max_ts") if prev else None
+        late_before = None if prev_max is None else prev_max - eq.lateness_us
+        compiled, switch, plan_error = self.plan_for_batch(batch_id, prev)
+        inspected = inspect_files(self.query, eq, files)
+        frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
+        rows_in, counts, max_ts = {}, {}, None
+        if frame is not None:
+            frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+            for r in frame.groupBy("_s", "_reason").agg(F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi")).collect():
+                s = eq.streams[r["_s"]]
+                if r["_reason"] is None:
+                    rows_in[s] = r["n"]
+                    max_ts = r["hi"] if max_ts is None else max(max_ts, r["hi"])
+                else:
+                    counts.setdefault(s, {})[r["_reason"]] = r["n"]
+            write_quarantine(frame, counts, [], self.lake, self.query.name, eq, batch_id)
+        write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
+        for rej in inspected.rejects:
+            per = counts.setdefault(rej.stream, {})
+            per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
+        deltas = frame.where(F.col("_reason").isNull()).drop("_reason", "_file", "_raw") if frame is not None else None
+        new_max = max([v for v in (prev_max, max_ts) if v is not None], default=None)
+        purge_bound = None if new_max is None else new_max - eq.lateness_us
+        binput = BatchInput(deltas=deltas, rows_in=rows_in, quarantined=counts, max_ts=max_ts,
+                            quarantined_files=[r.to_json() for r in inspected.rejects], files=len(paths))
+        try:
+            rec = runner.run(batch_id, binput, compiled, purge_bound=purge_bound, extra={
+                "plan_switch": switch, "plan_error": plan_error, "watermark": late_before,
+                "files": sum(len(v) for v in files.values()), "files_ignored": ignored,
+                "prepare_seconds": round(time.perf_counter() - t0, 6)})
+        finally:
+            if frame is not None:
+                frame.unpersist()
+        self.records.append(rec)
+        log.info("batch %d (%s): %d files, %d rows in, %d results, %.2fs", batch_id, compiled.describe(),
+                 rec["files"], sum(rec["rows_in"].values()), rec["result_rows"], rec["wall_seconds"])
+
+
+def source_frame(spark, lake, config: EngineConfig):
+    """The file-listing stream: paths of landed Parquet files (content never read)."""
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
+
+    schema = StructType([StructField("path", StringType()), StructField("modificationTime", TimestampType()),
+                         StructField("length", LongType()), StructField("content", BinaryType())])
+    fsutil.makedirs(lake.streams())
+    reader = (spark.readStream.format("binaryFile").schema(schema).option("recursiveFileLookup", "true")
+              .option("pathGlobFilter", "*.parquet"))
+    if config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
+    return reader.load(lake.streams()).select("path")
+
+
+def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: float | None = None, plan=None,
+               config: EngineConfig | None = None, engine: str = "mjoin", timeout: float | None = None) -> StreamSummary:
+    """Run the streaming join of ``query`` over ``lake`` (results, metrics, state, checkpoint in the lake).
+
+    ``trigger="availableNow"`` processes what has landed and returns; ``"processingTime"``
+    runs a micro-batch every ``interval`` seconds until stopped (or ``timeout`` seconds).
+    """
+    if engine == "spark-native":
+        from .native import run_native_stream
+
+        return run_native_stream(spark, query, lake, trigger=trigger, interval=interval, config=config, timeout=timeout)
+    if engine != "mjoin":
+        raise EngineError(f"unknown engine {engine!r} (mjoin, spark-native)")
+    if trigger not in ("availableNow", "processingTime"):
+        raise EngineError(f"unknown trigger {trigger!r} (availableNow, processingTime)")
+    if trigger == "processingTime" and not interval:
+        raise EngineError("trigger processingTime needs an interval in seconds")
+    config = config or EngineConfig()
+    query = as_query(query)
+    lake = as_lake(lake)
+    t0 = time.perf_counter()
+    before = apply_engine_conf(spark)
+    try:
+        job = StreamJob(spark, query, lake, plan, config)
+        writer = (source_frame(spark, lake, config).writeStream.foreachBatch(job.process)
+                  .option("checkpointLocation", lake.checkpoints(query.name))
+                  .queryName(f"mjoin_{query.name}_{os.getpid()}"))
+        writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
+            writer.trigger(processingTime=f"{float(interval)} seconds")
+        sq = writer.start()
+        try:
+            finished = sq.awaitTermination(timeout) if timeout else sq.awaitTermination()
+        finally:
+            if sq.isActive:
+                sq.stop()
+        if finished is False:
+            log.info("stopped after %ss", timeout)
+    finally:
+        restore_conf(spark, before)
+    records = job.records
+    rows_in = {s: sum(r["rows_in"][s] for r in records) for s in query.stream_names}
+    quarantined: dict = {}
+    for r in records:
+        for s, reasons in r["quarantined"].items():
+            for reason, n in reasons.items():
+                if n:
+                    quarantined.setdefault(s, {}).setdefault(reason, 0)
+                    quarantined[s][reason] += n
+    return StreamSummary(
+        query=query.name, engine="mjoin", trigger=trigger, batches=[r["batch_id"] for r in records],
+        result_rows=sum(r["result_rows"] for r in records), wall_seconds=time.perf_counter() - t0,
+        plan_versions={r["batch_id"]: r["plan_version"] for r in records},
+        plan_switches=[r["plan_switch"] for r in records if r["plan_switch"]], rows_in=rows_in,
+        quarantined=quarantined, metrics_path=lake.metrics(query.name), results_path=lake.results(query.name),
+        checkpoint=lake.checkpoints(query.name))
