@@ -1,0 +1,266 @@
+"""Read the landed streams of a query for one statistics interval (Spark).
+
+One narrow DataFrame for all streams of the query, read once and cached:
+
+    sid  int     index of the stream in ``query.stream_names``
+    t    bigint  event time, epoch microseconds (NULL: unusable event time, counted)
+    g    bigint  key group of the row (``partition.sql_group_expr`` of its partitioning key;
+                 0 without a partitioning; NULL when that key is NULL)
+    k0.. bigint  the row's key in attribute class c0, c1, ... (NULL: no such key or NULL key)
+
+Only rows that can matter are kept: ``T0 - W_s < t <= T1`` (the window state at
+the first cycle's start needs the lead-in ``W_s``), plus NULL event times so they
+can be counted. Arrival partitions are pruned on the assumption that a tuple's
+event time is not later than its arrival (``--scan-all-arrivals`` turns that off).
+
+Bad input is never silently dropped: a file that lacks a needed column or holds
+a key of a non-integral type is skipped and reported with the reason; rows with
+an unusable event time and NULL keys are counted and reported in the job summary.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import fsutil
+from ..partition import sql_group_expr
+
+log = logging.getLogger(__name__)
+
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The cycles ``[T0 + j tau, T0 + (j+1) tau)``, ``j = 0..n-1``, in epoch microseconds."""
+
+    t0_us: int
+    t1_us: int
+    tau_us: int
+
+    @property
+    def n(self) -> int:
+        return (self.t1_us - self.t0_us) // self.tau_us
+
+    def start_epoch(self, j: int) -> int:
+        return (self.t0_us + j * self.tau_us) // US
+
+    @property
+    def tau(self) -> float:
+        return self.tau_us / US
+
+
+@dataclass
+class StreamReport:
+    stream: str
+    source: str
+    files: int = 0
+    rejected_files: list = field(default_factory=list)  # [{"file": path, "reason": text}]
+    arrivals_scanned: int = 0
+    arrivals_total: int = 0
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "files": self.files, "rejected_files": self.rejected_files,
+                "arrivals_scanned": self.arrivals_scanned, "arrivals_total": self.arrivals_total}
+
+
+def fdiv(a: str, b: int) -> str:
+    """Floor division of a bigint SQL expression by a positive integer, exact (no doubles)."""
+    return f"((({a}) - pmod(({a}), {int(b)})) div {int(b)})"
+
+
+def cdiv(a: str, b: int) -> str:
+    """Ceiling division of a bigint SQL expression by a positive integer."""
+    return f"(-{fdiv(f'-({a})', b)})"
+
+
+def case_sid(values, default="NULL") -> str:
+    """``CASE sid WHEN 0 THEN v0 ... END``: a per-stream constant in SQL."""
+    return "CASE sid " + " ".join(f"WHEN {i} THEN {v}" for i, v in enumerate(values)) + f" ELSE {default} END"
+
+
+# ---- file checks ---------------------------------------------------------------
+
+_INTEGRAL = ("long", "int", "short")
+
+
+def _family(arrow_type: pa.DataType) -> str:
+    if pa.types.is_integer(arrow_type):
+        return "integral"
+    if pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type):
+        return "fractional"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp"
+    if pa.types.is_date(arrow_type):
+        return "date"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    return str(arrow_type)
+
+
+def _spec_family(spec_type: str) -> str:
+    if spec_type in _INTEGRAL:
+        return "integral"
+    if spec_type in ("double", "float") or spec_type.startswith("decimal"):
+        return "fractional"
+    return spec_type
+
+
+def needed_columns(stream) -> list[str]:
+    cols = list(stream.keys)
+    if stream.event_time.column and stream.event_time.column not in cols:
+        cols.append(stream.event_time.column)
+    return cols
+
+
+def file_problem(schema: pa.Schema, stream) -> str | None:
+    """Why a landed file cannot be read for ``stream`` (None: it can)."""
+    names = set(schema.names)
+    for c in needed_columns(stream):
+        if c not in names:
+            return f"column {c!r} is missing (the file has {', '.join(schema.names)})"
+        fam = _family(schema.field(c).type)
+        if c in stream.keys and fam != "integral":
+            return f"key column {c!r} has type {schema.field(c).type}; join keys must be integral"
+        if c == stream.event_time.column:
+            typ = schema.field(c).type
+            if pa.types.is_timestamp(typ) and typ.unit == "ns":
+                return (f"event-time column {c!r} is {typ}: Spark cannot read nanosecond Parquet timestamps; "
+                        "land microseconds (pyarrow: coerce_timestamps='us')")
+            want = _spec_family(stream.columns[c])
+            if fam != want:
+                return (f"event-time column {c!r} has type {schema.field(c).type}, the spec declares "
+                        f"{stream.columns[c]}")
+    return None
+
+
+def event_time_sql(stream) -> str:
+    """Event time of a row as epoch microseconds (NULL when it cannot be parsed)."""
+    et = stream.event_time
+    if et.expr is not None:
+        return f"unix_micros(try_cast(({et.expr}) AS TIMESTAMP))"
+    c = f"`{et.column}`"
+    typ = stream.columns[et.column]
+    if typ in ("timestamp", "date"):
+        return f"unix_micros(CAST({c} AS TIMESTAMP))"
+    if typ in _INTEGRAL:  # epoch seconds
+        return f"try_multiply(CAST({c} AS BIGINT), {US})"
+    if typ == "string":
+        fmt = et.format.replace("'", "\\'")
+        return f"unix_micros(try_to_timestamp({c}, '{fmt}'))"
+    return f"try_cast({c} * {US}D AS BIGINT)"  # double/float/decimal epoch seconds
+
+
+# ---- reading ---------------------------------------------------------------------
+
+def select_files(lake, stream, lo_epoch: float, hi_epoch: float | None, prune: bool, report: StreamReport) -> list[str]:
+    """Landed files of ``stream`` whose arrival partition can hold rows with ``lo < ts``.
+
+    Partition ``arrival=a`` holds arrivals in ``[a, next a)``; with ``ts <= arrival`` its
+    rows have ``ts < next a``, so partitions with ``next a <= lo`` are skipped. Partitions
+    that start after ``hi`` (the interval end plus the query's lateness) are skipped too:
+    the engine drops rows that late."""
+    arrivals = lake.arrivals(stream.source)
+    report.arrivals_total = len(arrivals)
+    keep = []
+    for i, a in enumerate(arrivals):
+        nxt = arrivals[i + 1] if i + 1 < len(arrivals) else None
+        if prune and nxt is not None and nxt <= lo_epoch:
+            continue
+        if prune and hi_epoch is not None and a > hi_epoch:
+            continue
+        keep.append(a)
+    report.arrivals_scanned = len(keep)
+    files = []
+    for a in keep:
+        d = lake.arrival_dir(stream.source, a)
+        files += [fsutil.join(d, n) for n in fsutil.listdir(d) if n.endswith(".parquet") and not n.startswith((".", "_"))]
+    return files
+
+
+def _spark_type(t: pa.DataType) -> str:
+    """The Spark type to request for a Parquet column of arrow type ``t`` (integers widen to bigint)."""
+    if pa.types.is_integer(t):
+        return "bigint"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_floating(t):
+        return "double"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz else "timestamp_ntz"
+    if pa.types.is_date(t):
+        return "date"
+    return "string"
+
+
+def _schema_of(path) -> pa.Schema:
+    fs, p = fsutil.resolve(path)
+    return pq.read_schema(p, filesystem=fs)
+
+
+def _spark_path(path: str) -> str:
+    return path if fsutil.is_url(path) else "file://" + fsutil.resolve(path)[1]
+
+
+def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arrivals: bool = True):
+    """The cached narrow DataFrame of all streams (see module doc) and a report per stream."""
+    from pyspark.sql import functions as F
+
+    classes = list(query.attribute_classes)
+    part_class = rule["attr_class"] if rule else None
+    frames, reports = [], {}
+    for sid, s in enumerate(query.streams):
+        rep = reports[s.name] = StreamReport(stream=s.name, source=s.source)
+        lo = (grid.t0_us - s.window * US) / US
+        files = select_files(lake, s, lo, grid.t1_us / US + query.lateness, prune_arrivals, rep)
+        by_schema: dict = {}
+        for f in files:
+            try:
+                schema = _schema_of(f)
+            except (OSError, pa.ArrowInvalid) as exc:
+                rep.rejected_files.append({"file": f, "reason": f"unreadable Parquet: {exc}"})
+                continue
+            why = file_problem(schema, s)
+            if why:
+                rep.rejected_files.append({"file": f, "reason": why})
+                continue
+            sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s))
+            by_schema.setdefault(sig, []).append(f)
+        rep.files = sum(len(v) for v in by_schema.values())
+        for r in rep.rejected_files:
+            log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])
+        lo_us = grid.t0_us - int(round(s.window * US))
+        for sig, paths in by_schema.items():
+            reader = spark.read
+            if s.event_time.expr is None:
+                # only the needed columns, with explicit types: other columns (even ones Spark cannot
+                # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
+                reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s), sig)))
+            df = reader.parquet(*[_spark_path(p) for p in paths])
+            cols = [F.lit(sid).cast("int").alias("sid"), F.expr(event_time_sql(s)).alias("t")]
+            for ci, c in enumerate(classes):
+                kc = query.key_column(s.name, c)
+                cols.append((F.col(f"`{kc}`").cast("bigint") if kc else F.lit(None).cast("bigint")).alias(f"k{ci}"))
+            df = df.select(*cols)
+            if part_class is None:
+                df = df.withColumn("g", F.lit(0).cast("bigint"))
+            else:
+                # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
+                kcol = f"k{classes.index(part_class)}"
+                df = df.withColumn("g", F.expr(f"CASE WHEN {kcol} IS NULL THEN NULL "
+                                               f"ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"))
+            df = df.where(F.expr(f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"))
+            frames.append(df.select("sid", "t", "g", *[f"k{i}" for i in range(len(classes))]))
+    if frames:
+        base = frames[0]
+        for f in frames[1:]:
+            base = base.unionByName(f)
+    else:
+        schema = "sid int, t bigint, g bigint, " + ", ".join(f"k{i} bigint" for i in range(len(classes)))
+        base = spark.createDataFrame([], schema)
+    return base, reports

@@ -1,0 +1,215 @@
+"""mjoin.forecast: Holt / damped Holt with real statsmodels, every fallback, no look-ahead."""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mjoin.forecast import (ForecastConfig, ForecastError, forecast, forecast_series, last_value, mean_value)
+from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+
+T0 = pd.Timestamp("2026-01-01T00:00:00Z")
+TAU = 10.0
+
+
+def history_of(query, n, lam, gamma, mu=lambda j: 2.0, kappa=lambda j: 50.0, groups=(0,), start=T0):
+    """A tidy history of ``n`` cycles whose series follow the given functions of the cycle index."""
+    rows = []
+    for j in range(n):
+        gs = {}
+        for g in groups:
+            G = GroupStats()
+            for s in query.stream_names:
+                G.streams[s] = StreamStats(lam=lam(j), kappa=kappa(j), window_tuples=lam(j) * 300, tuples=lam(j) * TAU)
+            for l, r in query.directed_edges:
+                G.edges[(l, r)] = EdgeStats(gamma=gamma(j), mu=mu(j))
+            gs[g] = G
+        st = Statistics(query.name, gs, cycle_start=start + pd.Timedelta(seconds=TAU * j), cycle_seconds=TAU)
+        rows += st.to_rows()
+    h = pd.DataFrame(rows)
+    h["cycle_start"] = pd.to_datetime(h["cycle_start"], utc=True)
+    return h
+
+
+def test_linear_trends_are_recovered(seed_query):
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.5, 200)
+    h = history_of(seed_query, 60, lam=lambda j: 20 + 0.8 * j + noise[j], gamma=lambda j: 0.2 + 0.004 * j,
+                   mu=lambda j: 1.5 + 0.01 * j + noise[j] * 0.01, kappa=lambda j: 100 + 3 * j + noise[j + 60])
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 60), length=60)
+    st = res.statistics
+    assert st.kind == "forecast" and st.cycle_start == "2026-01-01T00:10:00Z" and st.check(seed_query)
+    # the true next values at j = 60
+    assert st.lam("cu") == pytest.approx(20 + 0.8 * 60, abs=1.5)
+    assert st.kappa("sr") == pytest.approx(100 + 3 * 60, abs=2.5)
+    assert st.gamma("cu", "sr") == pytest.approx(0.2 + 0.004 * 60, abs=0.01)
+    assert st.mu("wr", "cr") == pytest.approx(1.5 + 0.6, abs=0.03)
+    # Holt beats the last value on a trend (the last value lags one step behind)
+    lv = last_value(h, T0 + pd.Timedelta(seconds=TAU * 60))
+    assert lv.kind == "last_value"
+    assert abs(st.lam("cu") - 68) < abs(lv.lam("cu") - 68) + 0.5
+    rep = res.report
+    assert set(rep[rep.statistic == "gamma"]["method"]) == {"holt_damped"}
+    assert set(rep[rep.statistic != "gamma"]["method"]) == {"holt"}
+    for r in rep.itertuples():
+        assert r.lower <= r.value <= r.upper and r.n_points == 60 and r.horizon == 1
+
+
+def test_damped_gamma_stays_in_unit_interval(seed_query):
+    # gamma rising steeply towards and past 1: forecast clipped into [0, 1]
+    h = history_of(seed_query, 40, lam=lambda j: 10.0 + j, gamma=lambda j: min(1.0, 0.05 + 0.03 * j),
+                   mu=lambda j: 1.0 + 0.0 * j)
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 40))
+    for (l, r) in seed_query.directed_edges:
+        g = res.statistics.gamma(l, r)
+        assert 0.0 <= g <= 1.0
+    h2 = history_of(seed_query, 40, lam=lambda j: 10.0, gamma=lambda j: max(0.0, 0.9 - 0.05 * j + 0.01 * (j % 2)))
+    res2 = forecast(h2, T0 + pd.Timedelta(seconds=TAU * 40))
+    assert all(0.0 <= res2.statistics.gamma(l, r) <= 1.0 for l, r in seed_query.directed_edges)
+
+
+@pytest.mark.parametrize("series, stat, method, words", [
+    ([1.0, 2.0, 3.0], "lambda", "last_value", "short: 3 points < 10"),
+    ([5.0] * 30, "kappa", "constant", "constant series"),
+    ([0.0] * 30, "gamma", "constant", "all-zero series"),
+    ([np.nan] * 30, "mu", "default", "no finite value"),
+    ([np.nan] * 30, "lambda", "default", "no finite value"),
+])
+def test_fallbacks_are_recorded(series, stat, method, words):
+    out = forecast_series(series, stat)
+    assert out["method"] == method and words in out["reason"]
+    if method == "default":
+        assert out["value"] == (1.0 if stat == "mu" else 0.0)
+    if method == "last_value":
+        assert out["value"] == series[-1]
+
+
+def test_nan_inside_the_window_is_interpolated_not_fatal():
+    y = 10 + 0.5 * np.arange(40) + np.random.default_rng(1).normal(0, 0.2, 40)
+    y[[5, 17, 18]] = np.nan
+    out = forecast_series(y, "lambda")
+    assert out["method"] == "holt" and "3 missing or NaN cycle(s) interpolated" in out["reason"]
+    assert out["value"] == pytest.approx(10 + 0.5 * 40, abs=1.0)
+    # trailing NaN: the forecast reaches further ahead and says so
+    y2 = y.copy()
+    y2[-2:] = np.nan
+    out2 = forecast_series(y2, "lambda")
+    assert "3 steps ahead" in out2["reason"] and out2["value"] == pytest.approx(30, abs=1.5)
+    assert out2["upper"] - out2["lower"] > out["upper"] - out["lower"]
+    # short after dropping NaN
+    y3 = np.full(30, np.nan)
+    y3[-4:] = [1, 2, 3, 4]
+    out3 = forecast_series(y3, "lambda")
+    assert out3["method"] == "last_value" and "short: 4 points" in out3["reason"]
+
+
+def test_fit_failure_falls_back():
+    y = 10 + np.arange(30.0)
+    # a real statsmodels failure: it rejects an unknown optimizer
+    out = forecast_series(y, "lambda", config=ForecastConfig(optimizer="no-such-method"))
+    assert out["method"] == "last_value" and out["reason"].startswith("fit failed: ")
+    out = forecast_series(y, "lambda", config=ForecastConfig(optimizer="no-such-method", fallback="mean"))
+    assert out["method"] == "mean" and out["value"] == pytest.approx(np.mean(y))
+
+
+def test_values_are_clipped_and_the_reason_says_so():
+    y = np.maximum(0.0, 5 - 0.5 * np.arange(20)) + np.r_[np.zeros(19), 0.01]  # falls to 0, forecast < 0
+    out = forecast_series(y, "lambda")
+    assert out["value"] >= 0.0
+    mu = 3.0 - 0.2 * np.arange(20)
+    mu[mu < 1] = 1.0
+    mu[-1] = 1.0001
+    out = forecast_series(mu, "mu")
+    assert out["value"] >= 1.0
+
+
+def test_statsmodels_warnings_do_not_leak(seed_query, caplog):
+    rng = np.random.default_rng(2)
+    noise = rng.normal(0, 1, 100)
+    h = history_of(seed_query, 12, lam=lambda j: abs(noise[j]) * 1e-9, gamma=lambda j: abs(noise[j + 20]) % 1,
+                   mu=lambda j: 1 + abs(noise[j + 40]))
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 12))
+    assert caught == [] and [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert res.statistics.check(seed_query)
+
+
+def test_no_look_ahead(seed_query):
+    base = history_of(seed_query, 50, lam=lambda j: 10 + j, gamma=lambda j: 0.3)
+    poisoned = pd.concat([base, history_of(seed_query, 10, lam=lambda j: 1e6, gamma=lambda j: 1.0,
+                                           start=T0 + pd.Timedelta(seconds=TAU * 50))], ignore_index=True)
+    as_of = T0 + pd.Timedelta(seconds=TAU * 50)
+    a = forecast(base, as_of).statistics.to_json()
+    b = forecast(poisoned, as_of).statistics.to_json()
+    a["meta"].pop("elapsed_seconds"), b["meta"].pop("elapsed_seconds")
+    assert a == b
+    # as_of in the middle of the history: only earlier cycles count
+    mid = forecast(poisoned, T0 + pd.Timedelta(seconds=TAU * 30), length=60)
+    assert mid.statistics.meta["last_cycle"] == "2026-01-01T00:04:50Z" and mid.statistics.meta["cycles_used"] == 30
+    assert mid.statistics.lam("cu") == pytest.approx(40, abs=1)
+    with pytest.raises(ForecastError, match="no statistics cycle starts before"):
+        forecast(base, T0)
+
+
+def test_length_and_missing_cycles(seed_query):
+    h = history_of(seed_query, 80, lam=lambda j: 10 + j, gamma=lambda j: 0.5)
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 80), length=20)
+    assert res.statistics.meta["cycles_used"] == 20 and set(res.report["n_points"]) == {20}
+    # history ends 3 cycles before as_of: 4 steps ahead, reported
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 83), length=60)
+    assert res.statistics.meta["horizon"] == 4 and res.statistics.cycle_start == "2026-01-01T00:13:50Z"
+    assert res.statistics.lam("cu") == pytest.approx(10 + 83, abs=1.0)
+    # a cycle missing in the middle is interpolated
+    gap = h[h.cycle_start != T0 + pd.Timedelta(seconds=TAU * 70)]
+    rep = forecast(gap, T0 + pd.Timedelta(seconds=TAU * 80)).report
+    assert rep["reason"].str.contains("1 missing or NaN cycle").all()
+
+
+def test_json_output_is_a_statistics_document(seed_query, tmp_path):
+    h = history_of(seed_query, 30, lam=lambda j: 10 + j % 3, gamma=lambda j: 0.4 + 0.01 * (j % 4))
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 30))
+    path = tmp_path / "f.json"
+    res.save(path)
+    st = Statistics.load(path)
+    assert st.kind == "forecast" and st.check(seed_query)
+    meta = st.meta["series"]["0/cu->sr/gamma"]
+    assert meta["method"] == "holt_damped" and meta["n_points"] == 30
+    # lambda, window_tuples: Holt; gamma: damped; kappa and mu are constant here: no fit
+    assert st.meta["methods"] == {"holt": 4 + 4, "holt_damped": 12, "constant": 4 + 12}
+    mv = mean_value(h, T0 + pd.Timedelta(seconds=TAU * 30))
+    assert mv.kind == "mean" and mv.lam("cu") == pytest.approx(np.mean([10 + j % 3 for j in range(30)]))
+
+
+def test_per_group_series_and_partitioning_change(seed_query):
+    h = history_of(seed_query, 20, lam=lambda j: 5.0 + j, gamma=lambda j: 0.5, groups=(0, 1))
+    cycles = sorted(h.cycle_start.unique())
+    rule = {"method": "hash", "attr_class": "c0", "groups": 2}
+    h.attrs["cycles"] = {c.isoformat().replace("+00:00", "Z"): {"partitioning": None if i < 5 else rule}
+                         for i, c in enumerate(cycles)}
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 20))
+    assert sorted(res.statistics.groups) == [0, 1] and res.statistics.partitioning == rule
+    assert res.statistics.meta["cycles_used"] == 15
+    assert "5 cycle(s) with another partitioning ignored" in res.statistics.meta["notes"]
+
+
+def test_interval_coverage_is_roughly_nominal():
+    rng = np.random.default_rng(11)
+    hits, n = 0, 120
+    for _ in range(n):
+        y = 50 + 0.3 * np.arange(61) + rng.normal(0, 2.0, 61)
+        out = forecast_series(y[:60], "lambda", config=ForecastConfig(level=0.9))
+        hits += out["lower"] <= y[60] <= out["upper"]
+    assert 0.78 <= hits / n <= 0.98
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ForecastError, match="forecast model"):
+        ForecastConfig(model="arima")
+    with pytest.raises(ForecastError, match="min_points"):
+        ForecastConfig(min_points=1)
+    assert math.isfinite(forecast_series([1.0, 2.0], "gamma")["value"])
