@@ -38,3 +38,11 @@ def test_spark_sql_agrees_with_numpy(spark, rule):
     df = spark.createDataFrame([(int(k),) for k in KEYS], "k long")
     got = [r[0] for r in df.selectExpr(f"{sql_group_expr('k', rule)} AS g").collect()]
     assert got == group_of(KEYS, rule).tolist()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("rule", RULES[1:])
+def test_spark_sql_null_key_has_no_group(spark, rule):
+    df = spark.createDataFrame([(None,), (5,)], "k long")
+    got = [r[0] for r in df.selectExpr(f"{sql_group_expr('k', rule)} AS g").collect()]
+    assert got[0] is None and got[1] == int(group_of([5], rule)[0])

@@ -22,11 +22,11 @@ edge (``gamma``, ``mu``), over the last ``length`` cycles with ``cycle_start < a
 - prediction intervals at ``config.level``: ``Holt`` results carry none, so they come from
   the fit's one-step residual standard deviation, widened for longer horizons with the
   ETS(A,A,N) / ETS(A,Ad,N) variance formula; ``ETSModel`` gives the same from its own MLE
-  but fits ~10x slower (bench/forecast/speed.py measures both).
+  but fits 15-20x slower (bench/forecast/speed.py measures both).
 
 The fit uses SLSQP without the brute-force start grid: on 60-point series that is
-~20x faster than statsmodels' defaults (L-BFGS-B after a brute grid) with the same
-one-step errors (bench/forecast/speed.py), which keeps hundreds of series per
+10-30x faster than statsmodels' defaults (L-BFGS-B after a brute grid) with one-step errors
+within ~3% (bench/forecast/speed.py), which keeps hundreds of series per
 re-optimization within a few seconds.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ForecastConfig:
     fallback: str = "last_value"  # last_value | mean: used for short series and failed fits
     level: float = 0.9  # prediction-interval coverage
     optimizer: str = "SLSQP"  # statsmodels fit(method=...)
-    use_brute: bool = False  # statsmodels' brute-force start grid: ~2x slower, same errors (bench/forecast/speed.py)
+    use_brute: bool = False  # statsmodels' brute-force start grid: ~2-3x slower, errors within ~3% (bench/forecast/speed.py)
     guard: float = 1.0  # reject a fit whose forecast leaves [min - guard*range, max + guard*range]
     damped: tuple = ("gamma",)  # statistics fitted with the damped trend
 

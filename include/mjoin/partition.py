@@ -50,7 +50,7 @@ def group_of(keys, rule: dict | None) -> np.ndarray:
 
 
 def sql_group_expr(column: str, rule: dict | None) -> str:
-    """The same rule as a Spark SQL expression over ``column`` (a bigint)."""
+    """The same rule as a Spark SQL expression over ``column`` (a bigint); NULL keys give NULL."""
     if not rule:
         return "CAST(0 AS BIGINT)"
     method = rule["method"]
@@ -60,10 +60,13 @@ def sql_group_expr(column: str, rule: dict | None) -> str:
         bounds = [int(b) for b in rule["bounds"]]
         if not bounds:
             return "CAST(0 AS BIGINT)"
-        return "(" + " + ".join(f"CASE WHEN {column} >= {b} THEN 1 ELSE 0 END" for b in bounds) + ")"
+        # NULL keys belong to no group (NULL), as with pmod / element_at for the other rules
+        return (f"(CASE WHEN {column} IS NULL THEN NULL ELSE "
+                + " + ".join(f"CASE WHEN {column} >= {b} THEN 1 ELSE 0 END" for b in bounds) + " END)")
     if method == "table":
         arr = ", ".join(str(int(a)) for a in rule["assignment"])
-        return f"CAST(element_at(array({arr}), CAST(pmod({column}, {int(rule['modulus'])}) AS INT) + 1) AS BIGINT)"
+        return (f"CASE WHEN {column} IS NULL THEN NULL ELSE "
+                f"CAST(element_at(array({arr}), CAST(pmod({column}, {int(rule['modulus'])}) AS INT) + 1) AS BIGINT) END")
     raise ValueError(f"unknown partitioning method {method!r} (hash, range, table)")
 
 
