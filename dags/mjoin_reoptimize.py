@@ -65,7 +65,7 @@ def _step(fn, *args):
     doc_md=__doc__,
 )
 def mjoin_reoptimize():
-    @task
+    @task(multiple_outputs=True)
     def prepare():
         from mjoin import reoptimize
 

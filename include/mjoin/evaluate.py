@@ -113,8 +113,9 @@ def _stats_inputs(query, history, t, t_end, cfg: EvalConfig, forecast_mod):
     before = history[history["cycle_start"] < t] if len(history) else history
     inside = history[(history["cycle_start"] >= t) & (history["cycle_start"] < t_end)] if len(history) else history
     oracle = aggregate_rows(inside.to_dict("records"), kind="measured") if len(inside) else None
-    if len(before) == 0:
-        return None, None, oracle, "no statistics before the interval: adaptive strategies use the initial order"
+    flowed = before[before["entity"] == "stream"]["tuples"].fillna(0).sum() if len(before) else 0
+    if flowed == 0:  # no cycle before the interval saw a tuple: nothing to forecast from
+        return None, None, oracle, "no data before the interval: adaptive strategies use the initial order"
     fc = forecast_mod.forecast(before, t, length=cfg.length).statistics
     lv = forecast_mod.last_value(before, t, length=cfg.length)
     return fc, lv, oracle, ""
@@ -163,7 +164,8 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
     """Run the evaluation described in the module docstring; writes the table and the report."""
     from . import forecast as forecast_mod
     from .cost import plan_cost, resolve_cost_model
-    from .engine import EngineConfig, read_metrics, run_interval_plans
+    from .engine import EngineConfig, read_metrics
+    from .engine.interval import run_interval_plans
     from .query import load_query
     from .stats.history import history_root, read_history
     from .stats.job import run_statistics

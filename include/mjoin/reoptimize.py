@@ -139,35 +139,51 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
     fsutil.makedirs(folder)
     ctx = {"query": query.name, "start": iso(start), "end": iso(end), "run_dir": folder, "namespace": cfg.namespace,
            "lake": cfg.lake, "mode": cfg.mode, "config": cfg.to_json()}
-    ctx["join_args"] = join_args(cfg, query, start, end)
+    ctx["join_args"] = join_args(cfg, query, start, end, folder)
     ctx["stats_args"] = stats_args(cfg, query, start, end)
     _write(fsutil.join(folder, "context.json"), ctx)
     log.info("re-optimization of %s for [%s, %s) in %s", query.name, ctx["start"], ctx["end"], folder)
     return ctx
 
 
-def join_args(cfg: LoopConfig, query, start, end) -> list[str]:
+def _first_plan(cfg: LoopConfig, query, folder: str) -> str | None:
+    """The plan the join uses: the registry's active plan, else the fixed order of
+    ``initial_order`` (written to the run folder), else None (the engine's spec order)."""
+    from .plan import make_plan, orders_from_permutation
+    from .registry import PlanRegistry
+
+    reg = PlanRegistry(cfg.lake_, query.name)
+    version = reg.active_version()
+    if version is not None:
+        return fsutil.join(reg.root, f"v{version:06d}.json")
+    if cfg.initial_order:
+        path = fsutil.join(folder, "initial_plan.json")
+        make_plan(query, orders_from_permutation(query, cfg.initial_order), "fixed",
+                  source={"initial_order": list(cfg.initial_order)}).save(path)
+        return path
+    return None
+
+
+def join_args(cfg: LoopConfig, query, start, end, folder: str) -> list[str]:
     """Arguments of ``jobs/join.py`` for this run.
 
-    Live cycle mode: the streaming job over what has landed (trigger availableNow), with
-    the active plan of the live registry. Evaluation namespaces (backfills): the interval
-    evaluation of ``[start, end)`` with that namespace's active plan (the streaming
-    checkpoint belongs to the live deployment)."""
+    Live cycle mode: the streaming job over what has landed (trigger availableNow); it
+    reads the live registry's active plan at every batch boundary. Evaluation namespaces
+    (backfills): the interval evaluation of ``[start, end)`` with that namespace's active
+    plan, outputs in the namespace (the streaming checkpoint belongs to the live job)."""
     base = ["--query", cfg.query, "--lake", cfg.lake]
+    plan = _first_plan(cfg, query, folder)
     if cfg.namespace:
-        base += ["--namespace", cfg.namespace]
-    if cfg.namespace or cfg.run_type == "backfill":
-        return base + ["--from", iso(start), "--to", iso(end), "--cycle", str(cfg.cycle), "--plan-from-registry"]
-    order = ["--initial-order", ",".join(cfg.initial_order)] if cfg.initial_order else []
-    return base + ["--stream", "--trigger", "availableNow"] + order
+        out = fsutil.join(cfg.lake, cfg.namespace, "joins", parse_time(end).strftime("%Y%m%dT%H%M%SZ"))
+        return base + ["--from", iso(start), "--to", iso(end), "--cycle", str(cfg.cycle), "--out", out] + \
+            (["--plan", plan] if plan else [])
+    return base + ["--stream", "--trigger", "availableNow"] + (["--plan", plan] if plan and cfg.initial_order else [])
 
 
 def stats_args(cfg: LoopConfig, query, start, end) -> list[str]:
     args = ["--query", cfg.query, "--lake", cfg.lake, "--from", iso(start), "--to", iso(end), "--cycle", str(cfg.cycle),
             "--mode", cfg.stats_mode]
-    if cfg.namespace:
-        args += ["--out", stats_root(cfg)]
-    return args
+    return args + (["--namespace", cfg.namespace] if cfg.namespace else [])
 
 
 def stats_root(cfg: LoopConfig) -> str:
@@ -187,7 +203,7 @@ def land(cfg: LoopConfig, ctx: dict) -> dict:
     from .workloads import land as land_workload
 
     res = land_workload(cfg.workload, Lake(cfg.lake), until=ctx["end"], since=ctx["start"])
-    out = res.to_json() if hasattr(res, "to_json") else dict(res)
+    out = res.to_dict()
     _write(fsutil.join(ctx["run_dir"], "land.json"), out)
     return out
 
@@ -251,10 +267,8 @@ def forecast(cfg: LoopConfig, ctx: dict) -> dict:
     path = fsutil.join(ctx["run_dir"], "forecast.json")
     res.statistics.save(path)
     _write(fsutil.join(ctx["run_dir"], "forecast_report.json"), res.to_json())
-    methods = {}
-    for row in res.report:
-        methods[row["method"]] = methods.get(row["method"], 0) + 1
-    return {"forecast": path, "methods": methods, "series": len(res.report)}
+    methods = {str(k): int(v) for k, v in res.report["method"].value_counts().items()} if len(res.report) else {}
+    return {"forecast": path, "methods": methods, "series": int(len(res.report))}
 
 
 def check_forecast(cfg: LoopConfig, ctx: dict) -> dict:
