@@ -1,0 +1,79 @@
+"""python -m mjoin plans: the plan registry (list, show, publish, activate, rollback)."""
+from __future__ import annotations
+
+import json
+
+NAME = "plans"
+HELP = "plan registry: list versions, show one, publish a plan file, activate a version, roll back"
+DESCRIPTION = """Operate the versioned plan registry of a query (<lake>[/<namespace>]/plans/<query>/).
+A running join job picks up a newly activated version at its next batch boundary.
+
+  python -m mjoin plans list     --query Q [--lake L] [--namespace NS]
+  python -m mjoin plans show     --query Q [--version N]          (default: the active one)
+  python -m mjoin plans publish  --query Q --plan PLAN.json [--activate]
+  python -m mjoin plans activate --query Q --version N
+  python -m mjoin plans rollback --query Q                        (re-activate the previous version)"""
+
+
+def add_arguments(p):
+    p.add_argument("action", choices=("list", "show", "publish", "activate", "rollback"))
+    p.add_argument("--query", required=True, help="query spec (YAML path or name)")
+    p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
+    p.add_argument("--namespace", default="", help="lake namespace (e.g. eval/backfill)")
+    p.add_argument("--version", type=int, help="plan version (show, activate)")
+    p.add_argument("--plan", help="plan JSON to publish")
+    p.add_argument("--activate", action="store_true", help="publish: also activate it")
+    p.add_argument("--by", default="cli", help="who made the change (recorded in the activation log)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args) -> int:
+    from ..cli import UserError
+    from ..lake import Lake
+    from ..plan import load_plan
+    from ..query import load_query
+    from ..registry import PlanRegistry, RegistryError
+    from ..resources import Resources
+
+    query = load_query(args.query)
+    lake = Lake(args.lake or Resources.from_env().lake, args.namespace)
+    reg = PlanRegistry(lake, query.name)
+    try:
+        if args.action == "list":
+            hist = reg.history()
+            if args.json:
+                print(json.dumps({"active": reg.active_version(), "versions": hist, "activations": reg.activations()},
+                                 indent=2, default=str))
+            elif not hist:
+                print(f"{query.name}: no plans in {reg.root}")
+            for h in hist:
+                cost = f"{h['estimated_cost']:.6g}" if h["estimated_cost"] is not None else "-"
+                print(f"{'*' if h['active'] else ' '} v{h['version']:<4} {h['strategy']:<18} {h['created_at']}  cost {cost}"
+                      f"  run {h['run'] or '-'}")
+        elif args.action == "show":
+            version = args.version or reg.active_version()
+            if version is None:
+                raise UserError(f"{query.name}: no active plan; give --version")
+            plan = reg.get(version, query)
+            print(plan.dumps() if args.json else plan.describe())
+            if not args.json:
+                print(json.dumps(reg.lineage(version), indent=2, default=str))
+        elif args.action == "publish":
+            if not args.plan:
+                raise UserError("publish needs --plan PLAN.json")
+            version = reg.publish(load_plan(args.plan, query), {"run": args.by, "source_file": args.plan}, query)
+            print(f"published {query.name} v{version}")
+            if args.activate:
+                reg.activate(version, by=args.by, reason="plans publish --activate")
+                print(f"activated v{version}")
+        elif args.action == "activate":
+            if args.version is None:
+                raise UserError("activate needs --version N")
+            rec = reg.activate(args.version, by=args.by)
+            print(f"activated {query.name} v{rec.version} (was v{rec.previous})")
+        else:
+            rec = reg.rollback(by=args.by)
+            print(f"rolled {query.name} back to v{rec.version} (was v{rec.previous})")
+    except RegistryError as exc:
+        raise UserError(str(exc)) from None
+    return 0

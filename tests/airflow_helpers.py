@@ -1,0 +1,115 @@
+"""Real Airflow for the DAG tests: a project-local home on SQLite, `airflow dags test`, and
+(for backfills and the REST API) api-server + scheduler + dag-processor on a free port."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from mjoin.airflow_env import admin_password, airflow_cmd, airflow_env, ensure_db
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_env(home: Path, lake: Path, period_minutes: int) -> dict:
+    env = airflow_env(home, lake=str(lake))
+    env["MJOIN_PERIOD_MINUTES"] = str(period_minutes)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent / "include"),
+                                                      env.get("PYTHONPATH", "")]))
+    ensure_db(env)
+    return env
+
+
+def dags_test(env: dict, dag_id: str, logical_date: str, conf: dict, *, mark_success: str | None = None,
+              log: Path | None = None) -> subprocess.CompletedProcess:
+    args = ["dags", "test", dag_id, logical_date, "--conf", json.dumps(conf)]
+    if mark_success:
+        args += ["--mark-success-pattern", mark_success]
+    proc = airflow_cmd(args, env, check=False, capture=True, timeout=900)
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(f"\n==== {' '.join(args)}\n{proc.stdout}")
+    return proc
+
+
+def task_states(env: dict, dag_id: str, run_id: str) -> dict:
+    proc = airflow_cmd(["tasks", "states-for-dag-run", dag_id, run_id, "-o", "json"], env, capture=True)
+    start = proc.stdout.find("[")
+    return {row["task_id"]: row["state"] for row in json.loads(proc.stdout[start:])}
+
+
+def list_runs(env: dict, dag_id: str) -> list[dict]:
+    proc = airflow_cmd(["dags", "list-runs", dag_id, "-o", "json"], env, capture=True)
+    start = proc.stdout.find("[")
+    return json.loads(proc.stdout[start:]) if start >= 0 else []
+
+
+@contextlib.contextmanager
+def services(env: dict, log_dir: Path, components=("api-server", "scheduler", "dag-processor")):
+    """Start Airflow components (the execution API of the api-server is what tasks talk to)."""
+    port = free_port()
+    env = dict(env)
+    env["AIRFLOW__API__PORT"] = str(port)
+    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://localhost:{port}/execution/"
+    env["AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL"] = "5"
+    env["AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC"] = "2"
+    exe = str(Path(sys.executable).parent / "airflow")
+    procs = []
+    try:
+        for comp in components:
+            args = [exe, comp] + (["--port", str(port)] if comp == "api-server" else [])
+            out = open(log_dir / f"{comp}.log", "w")
+            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        wait_http(f"http://localhost:{port}/api/v2/monitor/health", timeout=120)
+        yield env, port
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            try:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status < 500:
+                    return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(1)
+    raise TimeoutError(f"{url} not up within {timeout}s: {last}")
+
+
+def api(port: int, path: str, env: dict, method: str = "GET", body: dict | None = None) -> dict:
+    """Call the REST API with a token from POST /auth/token (simple auth manager's admin password)."""
+    pw = admin_password(env)
+    req = urllib.request.Request(f"http://localhost:{port}/auth/token", method="POST",
+                                 data=json.dumps({"username": "admin", "password": pw}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        token = json.loads(r.read())["access_token"]
+    req = urllib.request.Request(f"http://localhost:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
