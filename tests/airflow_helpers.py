@@ -43,16 +43,22 @@ def dags_test(env: dict, dag_id: str, logical_date: str, conf: dict, *, mark_suc
     return proc
 
 
+def json_out(stdout: str):
+    """The JSON document a CLI command printed after its log lines (the last line starting with [ or {)."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith(("[", "{")):
+            return json.loads(line)
+    raise ValueError(f"no JSON in the output: {stdout[-500:]}")
+
+
 def task_states(env: dict, dag_id: str, run_id: str) -> dict:
     proc = airflow_cmd(["tasks", "states-for-dag-run", dag_id, run_id, "-o", "json"], env, capture=True)
-    start = proc.stdout.find("[")
-    return {row["task_id"]: row["state"] for row in json.loads(proc.stdout[start:])}
+    return {row["task_id"]: row["state"] for row in json_out(proc.stdout)}
 
 
 def list_runs(env: dict, dag_id: str) -> list[dict]:
     proc = airflow_cmd(["dags", "list-runs", dag_id, "-o", "json"], env, capture=True)
-    start = proc.stdout.find("[")
-    return json.loads(proc.stdout[start:]) if start >= 0 else []
+    return json_out(proc.stdout)
 
 
 @contextlib.contextmanager
