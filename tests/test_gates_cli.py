@@ -8,28 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from mjoin.cli import main
 from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.registry import PlanRegistry
-from test_gates_support import EPOCH0, cycle_iso, good_lake, history, snapshot, write_stream_file
+from test_gates_support import EPOCH0, cycle_iso, good_lake, history, snapshot, write_history, write_stream_file
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 Q = "tpcds_returns_by_address"
-
-
-def write_history(frame, root: Path) -> Path:
-    import pandas as pd
-
-    frame = frame.copy()
-    frame["cycle_start"] = pd.to_datetime(frame["cycle_start"], utc=True)
-    for c, part in frame.groupby("cycle_start"):
-        d = root / f"cycle={int(c.timestamp())}"
-        d.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), d / "part-0.parquet")
-    return root
 
 
 def test_input_pass_and_fail(seed_query, lake, capsys, tmp_path):

@@ -92,15 +92,15 @@ def test_absurd_forecast_is_rejected_with_its_reason(seed_query, hist, good):
     (f,) = res.failures
     v = f.values[0]
     assert v["where"] == "[cu]" and v["field"] == "lambda"
-    # independent check of the rule: |value - median| / max(1.4826 MAD, floor) > k
+    # independent check of the rule: distance to [min, max] of the recent values / max(1.4826 MAD, floor) > k
     recent = hist[(hist["entity"] == "stream") & (hist["stream"] == "cu")].sort_values("cycle_start")["lambda"]
     recent = recent.to_numpy(dtype=float)[-10:]
     med = np.median(recent)
     spread = max(MAD_TO_SIGMA * np.median(np.abs(recent - med)), 0.1 * abs(med), 1.0)
     assert v["median"] == pytest.approx(med) and v["spread"] == pytest.approx(spread)
-    assert v["deviation"] == pytest.approx(abs(bad.lam("cu") - med) / spread)
+    assert v["deviation"] == pytest.approx((bad.lam("cu") - recent.max()) / spread)
     assert v["deviation"] > 6
-    assert "6 spreads" in f.reason and "median of the last 10 cycles" in f.reason
+    assert "6 spreads" in f.reason and "range of the last 10 cycles" in f.reason
     assert f.rendered[0].startswith("lambda[cu] = ")
 
 
@@ -125,6 +125,24 @@ def test_flat_history_allows_small_changes(seed_query):
     fc.groups[0].streams["cu"].window_tuples *= 3  # ~ +290 %: absurd
     res = check_forecast(seed_query, fc, flat)
     assert res.failed_expectations == ["forecast.near_recent_history"]
+
+
+def test_value_inside_the_recent_range_is_never_absurd(seed_query):
+    """A sparse match rate (zeros with one spike) has spread 0 around its median 0: a forecast
+    between 0 and the spike is plausible, one far above the spike is not."""
+    sparse = history(seed_query, N)
+    edge = (sparse["entity"] == "edge") & (sparse["stream"] == "cu") & (sparse["right"] == "wr")
+    sparse.loc[edge, "gamma"] = 0.0
+    last = sparse[edge]["cycle_start"].max()
+    sparse.loc[edge & (sparse["cycle_start"] == last), "gamma"] = 0.25
+    fc = snapshot(seed_query, cycle_iso(N), kind="forecast", seed=0)
+    for (l, r), e in fc.groups[0].edges.items():
+        e.gamma = float(sparse[(sparse["entity"] == "edge") & (sparse["stream"] == l) & (sparse["right"] == r)]
+                        .sort_values("cycle_start")["gamma"].iloc[-1])
+    fc.groups[0].edges[("cu", "wr")].gamma = 0.14  # Holt on zeros + a spike: inside [0, 0.25]
+    assert "forecast.near_recent_history" not in check_forecast(seed_query, fc, sparse).failed_expectations
+    fc.groups[0].edges[("cu", "wr")].gamma = 0.95  # 0.7 above the largest value seen, floor 0.02: absurd
+    assert "forecast.near_recent_history" in check_forecast(seed_query, fc, sparse).failed_expectations
 
 
 def test_series_without_history(seed_query, hist, good):

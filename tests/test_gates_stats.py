@@ -187,26 +187,24 @@ def test_cycle_length_recorded_in_rows_is_used(seed_query, good):
 
 def test_history_read_back_from_parquet_and_json(seed_query, good, tmp_path):
     """The lake layout <lake>/stats/<query>/cycle=<epoch>/ as written by the stats job."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from test_gates_support import write_history
 
-    frame = good.copy()
-    frame["cycle_start"] = pd.to_datetime(frame["cycle_start"], utc=True)
-    root = tmp_path / "stats"
-    for c, part in frame.groupby("cycle_start"):
-        d = root / f"cycle={int(c.timestamp())}"
-        d.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), d / "part-0.parquet")
+    root = write_history(good, tmp_path / "stats")
     back = read_history(root)
     assert len(back) == len(good)
     assert run(seed_query, back).status == "passed"
-    bad = frame.copy()
-    bad.loc[select(bad, entity="edge", stream="cu", right="sr") & (bad["cycle_start"] == pd.Timestamp(cycle_iso(11))),
-            "gamma"] = 1.5
-    d = root / f"cycle={int(pd.Timestamp(cycle_iso(11)).timestamp())}"
-    pq.write_table(pa.Table.from_pandas(bad[bad["cycle_start"] == pd.Timestamp(cycle_iso(11))], preserve_index=False),
-                   d / "part-0.parquet")
+    bad = good.copy()
+    bad.loc[select(bad, entity="edge", stream="cu", right="sr") & (pd.to_datetime(bad["cycle_start"], utc=True)
+                                                                    == pd.Timestamp(cycle_iso(11))), "gamma"] = 1.5
+    write_history(bad[pd.to_datetime(bad["cycle_start"], utc=True) == pd.Timestamp(cycle_iso(11))], root)
     assert run(seed_query, read_history(root)).failed_expectations == ["stats.gamma_in_unit_interval"]
+    snaps = tmp_path / "snapshots"
+    snaps.mkdir()
+    from mjoin.statistics import Statistics
+
+    for c, part in good.groupby("cycle_start"):
+        Statistics.from_rows(part.to_dict("records")).save(snaps / f"{pd.Timestamp(c).value}.json")
+    assert len(read_history(snaps)) == len(good)
 
 
 def test_result_json_is_strict_and_names_values(seed_query, good):

@@ -105,3 +105,16 @@ def good_lake(lake, query, n_cycles: int = 2, rows: int = 50) -> None:
     for k in range(n_cycles):
         for i, s in enumerate(query.stream_names):
             write_stream_file(lake, query, s, EPOCH0 + int(k * CYCLE), rows, seed=10 * k + i)
+
+
+def write_history(frame: pd.DataFrame, root) -> "Path":
+    """Write tidy rows as the stats job does (``mjoin.stats.history.write_cycle``): ``root/<query>/cycle=<epoch>/``."""
+    from pathlib import Path
+
+    from mjoin.stats.history import write_cycle
+
+    frame = frame.copy()
+    frame["cycle_start"] = pd.to_datetime(frame["cycle_start"], utc=True)
+    for c, part in frame.groupby("cycle_start"):
+        write_cycle(str(root), str(part["query"].iloc[0]), c, part)
+    return Path(root)

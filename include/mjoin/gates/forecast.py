@@ -73,11 +73,17 @@ def plausibility_frame(forecast_rows: pd.DataFrame, history: pd.DataFrame, cfg: 
             floor_abs = cfg.forecast_floor_abs_gamma if f == "gamma" else cfg.forecast_floor_abs
             floor = max(cfg.forecast_floor_rel * abs(median), floor_abs) if len(recent) else math.nan
             used = max(spread, floor) if len(recent) else math.nan
-            deviation = abs(value - median) / used if (len(recent) and math.isfinite(value)) else math.nan
+            # distance to the range the recent history has shown (0 inside it), in spreads: a value the
+            # series has already taken is never absurd, e.g. a sparse gamma of zeros with a spike
+            lo = float(recent.min()) if len(recent) else math.nan
+            hi = float(recent.max()) if len(recent) else math.nan
+            outside = max(lo - value, value - hi, 0.0) if (len(recent) and math.isfinite(value)) else math.nan
+            deviation = outside / used if math.isfinite(outside) else math.nan
             out.append({"where": where_label(row["entity"], row["stream"], right, row["group"], None), "field": f,
-                        "value": value, "median": median, "spread": used, "deviation": deviation,
+                        "value": value, "median": median, "low": lo, "high": hi, "spread": used, "deviation": deviation,
                         "n_history": len(recent)})
-    return pd.DataFrame(out, columns=["where", "field", "value", "median", "spread", "deviation", "n_history"])
+    return pd.DataFrame(out, columns=["where", "field", "value", "median", "low", "high", "spread", "deviation",
+                                      "n_history"])
 
 
 def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig | None = None) -> GateResult:

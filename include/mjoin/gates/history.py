@@ -1,9 +1,9 @@
-"""Reading a statistics history into the tidy frame the statistics and forecast gates check.
+"""The statistics history the statistics and forecast gates check, as a tidy frame (``ROW_COLUMNS``).
 
-The stats job writes ``<lake>/stats/<query>/cycle=<epoch>/*.parquet`` (tidy rows,
-``mjoin.statistics.ROW_COLUMNS``). Until its own reader is merged, this one reads
-that layout with pyarrow datasets, and also a folder or list of statistics JSON
-snapshots (``Statistics.save``), which is handy for hand-made test inputs.
+Parquet histories written by the stats job (``<lake>/stats/<query>/cycle=<epoch>/``)
+are read by the stats job's own reader (``mjoin.stats.history.read_history``);
+this module adds statistics JSON snapshots (``Statistics.save``, one file or a
+folder of them), handy for hand-made inputs to ``python -m mjoin check``.
 """
 from __future__ import annotations
 
@@ -13,54 +13,22 @@ from .. import fsutil
 from ..statistics import ROW_COLUMNS, Statistics
 
 
-def read_history(path) -> pd.DataFrame:
-    """Tidy statistics rows from a Parquet file or folder (hive ``cycle=`` partitions) or JSON snapshots."""
-    import pyarrow.dataset as ds
+def read_history(path, query_name: str | None = None) -> pd.DataFrame:
+    """Tidy statistics rows from a stats history folder (root or query folder) or JSON snapshots."""
+    from ..stats.history import read_history as read_parquet_history
 
     path = str(path)
     if not fsutil.exists(path):
         raise FileNotFoundError(f"{path}: no statistics history there")
-    if fsutil.is_dir(path):
-        names = _walk(path)
-        parquet = [n for n in names if n.endswith(".parquet")]
-        jsons = [n for n in names if n.endswith(".json")]
-        if parquet:
-            fs, p = fsutil.resolve(path)
-            table = ds.dataset(p, filesystem=fs, format="parquet", partitioning="hive").to_table()
-            return _normalize(table.to_pandas())
-        if jsons:
-            return _from_snapshots(jsons)
-        return pd.DataFrame(columns=list(ROW_COLUMNS))
     if path.endswith(".json"):
         return _from_snapshots([path])
-    fs, p = fsutil.resolve(path)
-    return _normalize(ds.dataset(p, filesystem=fs, format="parquet").to_table().to_pandas())
-
-
-def _walk(path: str) -> list[str]:
-    out = []
-    for name in fsutil.listdir(path):
-        full = fsutil.join(path, name)
-        if name.startswith((".", "_")):
-            continue
-        if fsutil.is_dir(full):
-            out += _walk(full)
-        else:
-            out.append(full)
-    return sorted(out)
+    names = fsutil.listdir(path)
+    jsons = [fsutil.join(path, n) for n in names if n.endswith(".json") and not n.startswith((".", "_"))]
+    if jsons and not any(n.startswith("cycle=") for n in names):
+        return _from_snapshots(jsons)
+    return read_parquet_history(path, query_name)
 
 
 def _from_snapshots(paths) -> pd.DataFrame:
-    rows = [r for p in paths for r in Statistics.load(p).to_rows()]
+    rows = [r for p in sorted(paths) for r in Statistics.load(p).to_rows()]
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
-
-
-def _normalize(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep the tidy columns in their order (the hive partition column ``cycle`` is dropped)."""
-    keep = [c for c in ROW_COLUMNS if c in df.columns]
-    extra = [c for c in df.columns if c not in ROW_COLUMNS and c != "cycle"]
-    out = df[keep + extra].copy()
-    for c in ("entity", "stream", "right", "query"):
-        if c in out and isinstance(out[c].dtype, pd.CategoricalDtype):
-            out[c] = out[c].astype(object)
-    return out

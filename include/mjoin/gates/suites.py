@@ -233,12 +233,12 @@ def forecast_values_suite(query, cfg):
 
 
 _doc("forecast.has_recent_history", "every forecast value has at least one value of recent history to compare with")
-_doc("forecast.near_recent_history", "every forecast value is within forecast_spread_k spreads of the recent median")
+_doc("forecast.near_recent_history", "every forecast value is within forecast_spread_k spreads of the range of the recent history")
 
 
 def forecast_plausibility_suite(query, cfg):
-    """Frame ``plausibility``: one row per forecast value (where, field, value, median, spread, deviation,
-    n_history); deviation = |value - median(recent)| / spread."""
+    """Frame ``plausibility``: one row per forecast value (where, field, value, median, low, high, spread,
+    deviation, n_history); deviation = distance from value to [min, max] of the recent history / spread."""
     floor = (f"spread >= max({cfg.forecast_floor_rel:g} x |median|, {cfg.forecast_floor_abs:g}; "
              f"{cfg.forecast_floor_abs_gamma:g} for gamma)")
     spread = "1.4826 x median absolute deviation" if cfg.forecast_spread == "mad" else "standard deviation"
@@ -247,9 +247,10 @@ def forecast_plausibility_suite(query, cfg):
                "a forecast for a series without recent history cannot be judged", "{field}{where}: no recent history",
                column="n_history", min_value=1),
         expect("ExpectColumnValuesToBeBetween", "forecast.near_recent_history",
-               f"more than k={cfg.forecast_spread_k:g} spreads from the median of the last {cfg.forecast_window} cycles "
+               f"more than k={cfg.forecast_spread_k:g} spreads outside the range of the last {cfg.forecast_window} cycles "
                f"(spread = {spread}, {floor})",
-               "{field}{where} = {value}: recent median {median}, spread {spread}, {deviation} spreads away",
+               "{field}{where} = {value}: recent range [{low}, {high}], median {median}, spread {spread}, "
+               "{deviation} spreads outside",
                column="deviation", max_value=cfg.forecast_spread_k),
     ])
 
