@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from mjoin.cli import main
 from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.registry import PlanRegistry
