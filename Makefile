@@ -30,14 +30,19 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(PY) -m mjoin demo
 
+# pytest exits 5 when it collected no tests: a suite that silently shrank to nothing is a failure.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; exit 1; fi; \
+	exit $$rc
 
 airflow: $(STAMP)
 	$(PY) -m mjoin airflow
 
+# The benchmarks are separate scripts (long at full size, results committed under bench/*/results/): list them.
 bench: $(STAMP)
-	$(PY) -m mjoin bench
+	@echo "benchmark scripts (each has --help; most have --quick):"
+	@for f in bench/*/*.py; do case $$(basename $$f) in _*) ;; *) echo "  .venv/bin/python $$f";; esac; done
 
 clean:
 	rm -rf .airflow .demo .pytest_cache spark-warehouse metastore_db derby.log
