@@ -102,7 +102,7 @@ def test_expansion_error_messages(seed_query):
     ({"predicates": ["a.x = z.x", "b.y = c.y"]}, "predicates[0]", "unknown stream 'z'"),
     ({"predicates": ["a.v = b.x", "b.y = c.y"]}, "predicates[0]", "not in the keys"),
     ({"predicates": ["a.x = b.x", "a.x = b.x", "b.y = c.y"]}, "predicates[1]", "composite keys"),
-    ({"predicates": ["a.x = b.x"]}, "streams (b).keys", "not used by any predicate"),
+    ({"predicates": ["a.x = b.x"]}, "streams[1] (b).keys", "not used by any predicate"),
     ({"output": ["a.nope"]}, "output[0]", "not a declared column"),
     ({"output": ["a.v", "b.x AS v"]}, "output[1]", "used twice"),
     ({"lateness": "soon"}, "lateness", "not a duration"),
@@ -143,3 +143,20 @@ def test_load_from_file_and_yaml_errors(tmp_path):
         load_query(str(bad))
     with pytest.raises(QuerySpecError, match="no query spec 'nope'"):
         load_query("nope")
+
+
+STREAM_FIELD = r"^streams\[\d+\]( \([A-Za-z_]\w*\))?(\.[\w.]+)?$"
+
+
+@pytest.mark.parametrize("changes", [
+    {"streams__0__window": "5 minutes"}, {"streams__1__columns__y": "varchar"}, {"streams__0__keys": ["v"]},
+    {"streams__0__event_time": "v"}, {"streams__1__name": "a"}, {"streams__0__colour": "red"},
+    {"predicates": ["a.x = b.x"]}, {"streams__2__source": "no/slash"}, {"streams__1__window": KeyError},
+])
+def test_stream_field_paths_are_indexed(changes):
+    """Every error inside a stream names its index (and its name once known): ``streams[1] (b).keys``."""
+    import re
+
+    with pytest.raises(QuerySpecError) as info:
+        parse_query(spec(**changes))
+    assert re.match(STREAM_FIELD, info.value.field), info.value.field

@@ -36,7 +36,9 @@ QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
 
 
 class QuerySpecError(ValueError):
-    """A spec that cannot be used; ``field`` names where (e.g. ``streams[2].window``)."""
+    """A spec that cannot be used; ``field`` names where: a top-level key (``predicates[1]``,
+    ``output[0]``, ``lateness``) or ``streams[<index>] (<name>).<key>`` (``streams[<index>].<key>``
+    before the stream's name is known), e.g. ``streams[2] (wr).window``."""
 
     def __init__(self, field: str, message: str, source: str | None = None):
         self.field = field
@@ -447,12 +449,13 @@ def parse_query(doc: dict, source: str | None = None) -> Query:
                 raise QuerySpecError("predicates", f"attribute class {cid} holds two columns of stream {s} "
                                      f"({seen_streams[s]}, {c}); a stream may join on one column per class", source)
             seen_streams[s] = c
-    for s in streams:
+    for i, s in enumerate(streams):
         for k in s.keys:
             try:
                 query.class_of(s.name, k)
             except KeyError:
-                raise QuerySpecError(f"streams ({s.name}).keys", f"key {k!r} is not used by any predicate", source) from None
+                raise QuerySpecError(f"streams[{i}] ({s.name}).keys", f"key {k!r} is not used by any predicate",
+                                     source) from None
     reached, frontier = {streams[0].name}, [streams[0].name]
     while frontier:
         n = frontier.pop()
