@@ -16,6 +16,13 @@ import sys
 from . import commands as _commands
 
 
+#: the top-level --help text (plain text: the module docstring above is reST)
+DESCRIPTION = """mjoin: multi-way stream joins on Spark, re-optimized by Airflow.
+
+Options of a command: python -m mjoin <command> --help
+Exit codes: 0 ok, 1 a gate or check failed, 2 bad input (spec, plan, file, arguments)."""
+
+
 class UserError(Exception):
     """An error caused by input the user can fix: printed without a traceback, exit 2."""
 
@@ -32,7 +39,8 @@ def _command_modules():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mjoin", description=__doc__.splitlines()[0].strip("`"))
+    parser = argparse.ArgumentParser(prog="python -m mjoin", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     sub.required = True
