@@ -56,12 +56,13 @@ class GateConfig:
     # ---- 3. forecast gate ------------------------------------------------------------
     #: recent cycles the forecast is compared with
     forecast_window: int = 10
-    #: a forecast value fails when |value - median(recent)| > k * spread
+    #: a forecast value fails when it lies more than k * spread outside [min, max] of the recent
+    #: history: max(min - value, value - max, 0) > k * spread
     forecast_spread_k: float = 6.0
     #: spread of the recent history: "mad" (1.4826 x median absolute deviation, robust) or "std"
     forecast_spread: str = "mad"
     #: floor of the spread, so a flat history does not reject every change:
-    #: spread >= max(forecast_floor_rel * |median|, absolute floor)
+    #: spread >= max(forecast_floor_rel * |median of the recent history|, absolute floor)
     forecast_floor_rel: float = 0.10
     #: absolute floor for lambda, kappa, window_tuples and mu (counts and rates)
     forecast_floor_abs: float = 1.0

@@ -1,10 +1,12 @@
 """Gate 3: the forecast (finite, in range, complete, and not absurdly far from the recent history).
 
-"Absurdly far": ``|value - median(recent)| > k * spread``, where ``recent`` is the last
-``forecast_window`` cycles of the series before the forecast, ``spread`` is 1.4826 x
-the median absolute deviation (``forecast_spread="mad"``, robust to the one odd cycle)
-or the standard deviation, floored at ``max(forecast_floor_rel * |median|, absolute
-floor)`` so that a flat history (spread 0) does not reject every change.
+"Absurdly far": ``max(min(recent) - value, value - max(recent), 0) > k * spread``, i.e.
+more than ``k`` spreads outside the range ``[min, max]`` of ``recent``, the last
+``forecast_window`` cycles of the series before the forecast (a value the series has
+already taken is never absurd). ``spread`` is 1.4826 x the median absolute deviation
+(``forecast_spread="mad"``, robust to the one odd cycle) or the standard deviation,
+floored at ``max(forecast_floor_rel * |median(recent)|, absolute floor)`` so that a
+flat history (spread 0) does not reject every change.
 """
 from __future__ import annotations
 
