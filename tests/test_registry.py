@@ -78,3 +78,60 @@ def test_concurrent_publishers_never_collide(tmp_path, seed_query):
     assert len(reg.activations()) == 45  # no activation lost
     active = json.loads((tmp_path / "plans" / seed_query.name / "ACTIVE").read_text())
     assert active["version"] in versions
+
+
+def test_rolling_back_twice_never_returns_to_a_rolled_back_version(lake, seed_query):
+    reg = PlanRegistry(lake, seed_query.name)
+    for perm in (["cu", "sr", "wr", "cr"], ["cr", "wr", "sr", "cu"], ["sr", "cu", "wr", "cr"]):
+        reg.activate(reg.publish(plan_for(seed_query, perm)), by="run")
+    assert reg.active_version() == 3
+    first = reg.rollback(by="op")
+    assert (first.version, first.previous, first.action) == (2, 3, "rollback")
+    second = reg.rollback(by="op")
+    assert (second.version, second.previous) == (1, 2)  # not back to the bad v3
+    with pytest.raises(RegistryError, match="nothing to roll back to"):
+        reg.rollback()
+    assert reg.active_version() == 1
+    # a new activation after rollbacks: rollback undoes it, back to v1 (v2 and v3 were undone)
+    reg.activate(3, by="op", reason="fixed after all")
+    assert reg.rollback().version == 1
+    assert [(a["action"], a["version"]) for a in reg.activations()] == [
+        ("activate", 1), ("activate", 2), ("activate", 3), ("rollback", 2), ("rollback", 1), ("activate", 3),
+        ("rollback", 1)]
+
+
+def test_manual_activation_in_between_is_not_undone_by_an_expected_rollback(lake, seed_query):
+    reg = PlanRegistry(lake, seed_query.name)
+    v1 = reg.publish(plan_for(seed_query, ["cu", "sr", "wr", "cr"]))
+    v2 = reg.publish(plan_for(seed_query, ["cr", "wr", "sr", "cu"]))
+    reg.activate(v1)
+    reg.activate(v2, by="dag run")  # what a run deployed
+    reg.activate(v1, by="operator", reason="manual")  # an operator changed it meanwhile
+    with pytest.raises(RegistryError, match="not rolled back: the active version is v1, not v2"):
+        reg.rollback(by="dag run", expect_active=v2)
+    assert reg.active_version() == v1 and len(reg.activations()) == 3
+    assert reg.rollback(expect_active=v1).version == v2  # still undoes the last activation when it matches
+
+
+def test_activating_the_active_version_again_is_not_a_new_rollback_step(lake, seed_query):
+    reg = PlanRegistry(lake, seed_query.name)
+    v1 = reg.publish(plan_for(seed_query, ["cu", "sr", "wr", "cr"]))
+    v2 = reg.publish(plan_for(seed_query, ["cr", "wr", "sr", "cu"]))
+    reg.activate(v1)
+    reg.activate(v2)
+    reg.activate(v2)
+    assert reg.activation_stack() == [1, 2]
+    assert reg.rollback().version == v1
+
+
+def test_rollback_trusts_active_when_the_log_missed_the_last_change(lake, seed_query):
+    """ACTIVE is replaced before the log is appended; a crash in between leaves the log one change behind."""
+    reg = PlanRegistry(lake, seed_query.name)
+    v1 = reg.publish(plan_for(seed_query, ["cu", "sr", "wr", "cr"]))
+    v2 = reg.publish(plan_for(seed_query, ["cr", "wr", "sr", "cu"]))
+    reg.activate(v1)
+    reg.activate(v2)
+    log = lake.plans(seed_query.name) + "/activations.jsonl"
+    lines = open(log).read().splitlines()
+    open(log, "w").write(lines[0] + "\n")  # the v2 line was lost
+    assert reg.rollback().version == v1 and reg.active_version() == v1

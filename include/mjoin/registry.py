@@ -5,8 +5,17 @@ Layout under ``<lake>/plans/<query>/`` (``Lake.plans``)::
     v000001.json            the plan, its ``version`` field set
     v000001.lineage.json    what it came from: statistics, forecast, gate results, run
     ACTIVE                  {"version": N, "previous": M, "activated_at": ..., "by": ..., "reason": ...}
-    activations.jsonl       every change of ACTIVE, appended (activate, rollback)
-    .lock                   serialises publish/activate between concurrent DAG runs
+    activations.jsonl       every change of ACTIVE, appended (action activate or rollback)
+    .lock                   serialises publish/activate/rollback between concurrent DAG runs
+
+Rollback semantics: the activation log is a stack. ``activate(N)`` pushes N (unless
+N is already active); ``rollback()`` pops the active version and re-activates the
+one below it. So rolling back twice goes two activations back and never returns
+to a version that a rollback undid: after ``activate 1, activate 2, activate 3``,
+two rollbacks give 2 then 1, and a third says there is nothing to roll back to.
+A later ``activate`` of any version (even one rolled back before) pushes it again.
+``rollback(expect_active=N)`` rolls back only while N is still active, so an
+automatic rollback never undoes a manual activation made in between.
 
 Readers (the join job at every batch boundary) only read ``ACTIVE`` and one
 immutable ``v*.json``, so they never see a torn state: ACTIVE is replaced by
@@ -39,15 +48,23 @@ class RegistryError(RuntimeError):
 
 @dataclass(frozen=True)
 class Activation:
+    """One change of ACTIVE: ``version`` became active, ``previous`` was active before it."""
+
     version: int
     previous: int | None
     activated_at: str
     by: str
     reason: str
+    action: str = "activate"  # activate | rollback (logs written before rollbacks were marked: activate)
 
     def to_json(self) -> dict:
         return {"version": self.version, "previous": self.previous, "activated_at": self.activated_at,
-                "by": self.by, "reason": self.reason}
+                "by": self.by, "reason": self.reason, "action": self.action}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Activation":
+        return cls(version=int(doc["version"]), previous=doc.get("previous"), activated_at=doc.get("activated_at", ""),
+                   by=doc.get("by", ""), reason=doc.get("reason", ""), action=doc.get("action", "activate"))
 
 
 class PlanRegistry:
@@ -101,8 +118,7 @@ class PlanRegistry:
     def active_record(self) -> Activation | None:
         if not fsutil.exists(self._active_path):
             return None
-        doc = json.loads(fsutil.read_text(self._active_path))
-        return Activation(**doc)
+        return Activation.from_json(json.loads(fsutil.read_text(self._active_path)))
 
     def active_version(self) -> int | None:
         rec = self.active_record()
@@ -161,18 +177,43 @@ class PlanRegistry:
             self._append_log(rec)
         return rec
 
-    def rollback(self, by: str = "manual", reason: str = "rollback") -> Activation:
-        """Re-activate the plan that was active before the current one."""
+    def rollback(self, by: str = "manual", reason: str = "rollback", expect_active: int | None = None) -> Activation:
+        """Undo the last activation: re-activate the version below the active one on the activation stack.
+
+        Rolling back twice goes two activations back (never to a version a rollback
+        undid; see the module docstring). ``expect_active``: roll back only if that
+        version is still the active one, else raise :class:`RegistryError` (so an
+        automatic rollback never undoes a manual activation made in the meantime)."""
         with self._locked():
             rec = self.active_record()
-            if rec is None or rec.previous is None:
+            if expect_active is not None and (rec is None or rec.version != expect_active):
+                raise RegistryError(f"{self.query}: not rolled back: the active version is "
+                                    f"{'v%d' % rec.version if rec else 'none'}, not v{expect_active} "
+                                    f"(changed by {rec.by if rec else '-'}: {rec.reason if rec else '-'})")
+            stack = self.activation_stack()
+            if rec is not None and (not stack or stack[-1] != rec.version):
+                stack.append(rec.version)  # ACTIVE written, log append lost (crash in between): ACTIVE wins
+            if rec is None or len(stack) < 2:
                 raise RegistryError(f"{self.query}: nothing to roll back to (active: {rec.version if rec else 'none'})")
-            # the plan before the current one, following the log past earlier rollbacks
-            target = rec.previous
-            new = Activation(version=target, previous=rec.version, activated_at=_now(), by=by, reason=reason)
+            target = stack[-2]
+            new = Activation(version=target, previous=rec.version, activated_at=_now(), by=by, reason=reason,
+                             action="rollback")
             fsutil.atomic_write_text(self._active_path, json.dumps(new.to_json()))
             self._append_log(new)
         return new
+
+    def activation_stack(self) -> list[int]:
+        """The versions a rollback would go back through, oldest first (the active one last)."""
+        stack: list[int] = []
+        for e in self.activations():
+            v = int(e["version"])
+            if e.get("action") == "rollback" and stack:
+                stack.pop()  # the version rolled away from
+                if not stack or stack[-1] != v:  # the log should already end at v; be defensive
+                    stack.append(v)
+            elif not stack or stack[-1] != v:
+                stack.append(v)
+        return stack
 
     def _append_log(self, rec: Activation) -> None:
         # under the lock: read, append, atomically replace (object stores have no append)
