@@ -59,6 +59,29 @@ def test_stats_and_forecast(seed_query, tmp_path, capsys):
     assert "forecast.gamma_finite failed on 1 row: gamma[cu][sr]@2026-01-01T00:12:00Z = NaN" in capsys.readouterr().out
 
 
+def test_partitioning_option(seed_query, tmp_path, capsys):
+    """--partitioning: the key groups every cycle must hold (a number, 'none', a JSON rule or a plan file)."""
+    root = write_history(history(seed_query, 12), tmp_path / "stats")  # group 0 only
+    base = ["check", "stats", "--query", Q, "--history", str(root), "--from", cycle_iso(10), "--to", cycle_iso(12)]
+    assert main(base + ["--partitioning", "none"]) == 0
+    capsys.readouterr()
+    rule = {"method": "hash", "attr_class": "c0", "groups": 2}
+    plan = make_plan(seed_query, {0: orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"]),
+                                  1: orders_from_permutation(seed_query, ["cr", "wr", "sr", "cu"])}, "pmjoin",
+                     partitioning=rule)
+    for value in ("2", json.dumps(rule), str(plan.save(tmp_path / "plan.json"))):
+        assert main(base + ["--partitioning", value]) == 1, value
+        assert f"stats.every_stream_present failed on 8 rows: [cu]@{cycle_iso(10)} g1 missing" in capsys.readouterr().out
+    fc = snapshot(seed_query, cycle_iso(12), kind="forecast", seed=3).save(tmp_path / "fc.json")
+    assert main(["check", "forecast", "--query", Q, "--forecast", str(fc), "--history", str(root),
+                 "--partitioning", "2"]) == 1
+    assert "forecast.every_edge_present failed on 12 rows" in capsys.readouterr().out
+    assert main(base + ["--partitioning", "{oops"]) == 2
+    assert "--partitioning '{oops'" in capsys.readouterr().err
+    assert main(base + ["--partitioning", '{"method": "zigzag"}']) == 2
+    assert "defines no key groups" in capsys.readouterr().err
+
+
 def test_plan_no_change_and_registry(seed_query, lake, tmp_path, capsys):
     a = make_plan(seed_query, orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"]), "x", estimated_cost=10.0)
     b = make_plan(seed_query, orders_from_permutation(seed_query, ["wr", "sr", "cu", "cr"]), "y", estimated_cost=9.8)

@@ -181,3 +181,62 @@ def test_spread_of():
     assert spread_of(x, "mad") == pytest.approx(MAD_TO_SIGMA * 1.0)
     assert spread_of(x, "std") == pytest.approx(np.std(x, ddof=1))
     assert json.dumps(spread_of(np.array([]), "mad")) == "NaN"
+
+
+# ---- key groups and the history's columns ----------------------------------------------------
+
+RULE2 = {"method": "hash", "attr_class": "c0", "groups": 2}
+
+
+def test_key_group_missing_from_the_forecast(seed_query):
+    """The forecast holds group 0 only while the partitioning has two groups: every stream and edge of g1
+    is missing. Without any partitioning the gate cannot know (and says so in a note)."""
+    hist2 = history(seed_query, N, groups=(0, 1))
+    fc = snapshot(seed_query, cycle_iso(N), kind="forecast", groups=(0,))
+    blind = check_forecast(seed_query, fc, hist2)
+    assert blind.status == "passed", blind.summary()
+    assert any("cannot be detected" in n for n in blind.details["notes"])
+    res = check_forecast(seed_query, fc, hist2, partitioning=RULE2)
+    assert res.failed_expectations == ["forecast.every_edge_present", "forecast.every_stream_present"]
+    streams = next(f for f in res.failures if f.expectation == "forecast.every_stream_present")
+    assert sorted(v["where"] for v in streams.values) == sorted(f"[{s}]@{cycle_iso(N)} g1" for s in seed_query.stream_names)
+    # the forecast's own partitioning says the same
+    fc.partitioning = RULE2
+    own = check_forecast(seed_query, fc, hist2)
+    assert own.failed_expectations == res.failed_expectations
+    assert own.details["groups_from"] == "partitioning of the forecast"
+
+
+def test_partitioning_recorded_in_the_history_is_used(seed_query, tmp_path):
+    from mjoin.gates import read_history
+    from test_gates_support import write_history
+
+    hist2 = history(seed_query, N, groups=(0, 1))
+    root = write_history(hist2, tmp_path / "stats", meta={"partitioning": RULE2})
+    fc = snapshot(seed_query, cycle_iso(N), kind="forecast", groups=(0,))
+    res = check_forecast(seed_query, fc, read_history(root))
+    assert res.failed_expectations == ["forecast.every_edge_present", "forecast.every_stream_present"]
+    assert res.details["groups_from"] == "partitioning recorded by the stats job for the last history cycle"
+
+
+def test_forecast_group_outside_the_partitioning(seed_query, hist):
+    fc = snapshot(seed_query, cycle_iso(N), kind="forecast", groups=(0, 3))
+    res = check_forecast(seed_query, fc, hist, partitioning=None)
+    assert "forecast.groups_of_partitioning" in res.failed_expectations
+    f = next(f for f in res.failures if f.expectation == "forecast.groups_of_partitioning")
+    assert f.count == len(seed_query.stream_names) + len(seed_query.directed_edges)
+    assert all(v["where"].endswith(" g3") for v in f.values)
+
+
+@pytest.mark.parametrize("history_frame", [
+    pd.DataFrame({"query": [], "cycle_start": []}), pd.DataFrame(), None], ids=["two-columns", "no-columns", "None"])
+def test_history_without_its_columns_fails(seed_query, good, history_frame):
+    """Without a readable history the plausibility rules cannot run: a failed expectation, not a silent pass."""
+    res = check_forecast(seed_query, good, history_frame)
+    assert res.status == "failed"
+    assert res.failed_expectations == ["forecast.history_columns_present"]
+    (f,) = res.failures
+    assert "gamma" in f.values[0]["missing"] and "lambda" in f.values[0]["missing"]
+    assert {s["expectation"] for s in res.details["skipped"]} == {"forecast.has_recent_history",
+                                                                 "forecast.near_recent_history"}
+    assert "forecast.near_recent_history" not in res.evaluated

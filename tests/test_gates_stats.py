@@ -230,3 +230,71 @@ def test_unreadable_cycle_start_is_reported(seed_query, good):
     assert res.failed_expectations == ["stats.cycle_start_readable", "stats.every_stream_present"]
     f = next(f for f in res.failures if f.expectation == "stats.cycle_start_readable")
     assert f.rendered == ["[cu]@yesterday-ish: cycle_start unreadable"]
+
+
+# ---- key groups: expected from the partitioning, not from the rows present ----------------------
+
+RULE2 = {"method": "hash", "attr_class": "c0", "groups": 2}
+
+
+def test_key_group_missing_from_the_whole_interval(seed_query):
+    """Group 1 of a 2-group partitioning is absent from both cycles of the interval: without the
+    partitioning the rows look complete (a note says so); with it, every stream and edge of g1 is missing."""
+    frame = history(seed_query, 12, groups=(0, 1))
+    bad = frame[~((frame["group"] == 1) & frame["cycle_start"].isin([cycle_iso(10), cycle_iso(11)]))]
+    blind = run(seed_query, bad)
+    assert blind.status == "passed" and blind.details["groups_from"] == "statistics rows"
+    assert any("cannot be detected" in n for n in blind.details["notes"])
+    for partitioning in (RULE2, 2, [0, 1]):
+        res = run(seed_query, bad, partitioning=partitioning)
+        assert res.failed_expectations == ["stats.every_edge_present", "stats.every_stream_present"], partitioning
+        streams = next(f for f in res.failures if f.expectation == "stats.every_stream_present")
+        assert streams.count == 2 * len(seed_query.stream_names)  # 2 cycles x 4 streams, all in g1
+        assert f"[cu]@{cycle_iso(10)} g1 missing" in streams.rendered
+        assert res.details["groups"] == [0, 1] and res.details["groups_from"] == "partitioning given"
+    # the complete history passes with the partitioning
+    assert run(seed_query, frame, partitioning=RULE2).status == "passed"
+
+
+def test_partitioning_from_a_plan_and_none(seed_query):
+    from mjoin.plan import make_plan, orders_from_permutation
+
+    orders = orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"])
+    plan = make_plan(seed_query, {0: orders, 1: orders}, "pmjoin", partitioning=RULE2)
+    one_group = history(seed_query, 12)
+    assert run(seed_query, one_group, partitioning=plan).failed_expectations == [
+        "stats.every_edge_present", "stats.every_stream_present"]
+    assert run(seed_query, one_group, partitioning=None).status == "passed"  # no partitioning: group 0
+
+
+def test_group_outside_the_partitioning(seed_query):
+    """Rows of a key group the partitioning does not define were computed with another partitioning."""
+    frame = history(seed_query, 12, groups=(0, 1, 2))
+    res = run(seed_query, frame, partitioning=RULE2)
+    assert res.failed_expectations == ["stats.groups_of_partitioning"]
+    (f,) = res.failures
+    assert f.count == 2 * (len(seed_query.stream_names) + len(seed_query.directed_edges))  # group 2, two cycles
+    assert f.rendered[0] == f"[cu]@{cycle_iso(10)} g2: key group 2 is not one of the partitioning's groups 0,1"
+
+
+def test_partitioning_recorded_by_the_stats_job_is_used(seed_query, tmp_path):
+    """read_history keeps each cycle's _cycle.json: the gate expects the recorded partitioning's groups."""
+    from test_gates_support import write_history
+
+    frame = history(seed_query, 12, groups=(0, 1))
+    bad = frame[~((frame["group"] == 1) & frame["cycle_start"].isin([cycle_iso(10), cycle_iso(11)]))]
+    root = write_history(bad, tmp_path / "stats", meta={"partitioning": RULE2})
+    res = run(seed_query, read_history(root))
+    assert res.failed_expectations == ["stats.every_edge_present", "stats.every_stream_present"]
+    assert res.details["groups_from"] == "partitioning recorded by the stats job"
+    root = write_history(frame, tmp_path / "stats2", meta={"partitioning": RULE2})
+    assert run(seed_query, read_history(root)).status == "passed"
+
+
+def test_bad_partitioning_argument(seed_query, good):
+    from mjoin.gates import GateConfigError
+
+    with pytest.raises(GateConfigError, match="defines no key groups"):
+        run(seed_query, good, partitioning={"method": "zigzag"})
+    with pytest.raises(GateConfigError, match="defines no key groups"):
+        run(seed_query, good, partitioning=0)

@@ -107,8 +107,9 @@ def good_lake(lake, query, n_cycles: int = 2, rows: int = 50) -> None:
             write_stream_file(lake, query, s, EPOCH0 + int(k * CYCLE), rows, seed=10 * k + i)
 
 
-def write_history(frame: pd.DataFrame, root) -> "Path":
-    """Write tidy rows as the stats job does (``mjoin.stats.history.write_cycle``): ``root/<query>/cycle=<epoch>/``."""
+def write_history(frame: pd.DataFrame, root, meta: dict | None = None) -> "Path":
+    """Write tidy rows as the stats job does (``mjoin.stats.history.write_cycle``): ``root/<query>/cycle=<epoch>/``,
+    with ``meta`` as every cycle's ``_cycle.json`` (e.g. ``{"partitioning": rule}``)."""
     from pathlib import Path
 
     from mjoin.stats.history import write_cycle
@@ -116,5 +117,5 @@ def write_history(frame: pd.DataFrame, root) -> "Path":
     frame = frame.copy()
     frame["cycle_start"] = pd.to_datetime(frame["cycle_start"], utc=True)
     for c, part in frame.groupby("cycle_start"):
-        write_cycle(str(root), str(part["query"].iloc[0]), c, part)
+        write_cycle(str(root), str(part["query"].iloc[0]), c, part, meta=meta)
     return Path(root)

@@ -8,8 +8,8 @@ HELP = "run a data-quality gate (input, stats, forecast, plan) and print the fai
 DESCRIPTION = """Run one gate of the re-optimization loop outside Airflow.
 
   check input    --query Q --lake DIR --from T0 --to T1 [--cycle S] [--engine pyarrow|spark]
-  check stats    --query Q (--history DIR | --lake DIR) --from T0 --to T1 [--cycle S]
-  check forecast --query Q --forecast F.json (--history DIR | --lake DIR)
+  check stats    --query Q (--history DIR | --lake DIR) --from T0 --to T1 [--cycle S] [--partitioning P]
+  check forecast --query Q --forecast F.json (--history DIR | --lake DIR) [--partitioning P]
   check plan     --query Q --plan P.json [--active A.json | --lake DIR] [--stats S.json]
 
 Thresholds: --set key=value (repeatable) and/or --config FILE (JSON or YAML mapping);
@@ -47,6 +47,7 @@ def add_arguments(p):
     sp.add_argument("--from", dest="start", required=True, help="interval start")
     sp.add_argument("--to", dest="end", required=True, help="interval end (exclusive)")
     sp.add_argument("--cycle", help="statistics cycle (default: cycle_seconds recorded in the rows)")
+    partitioning_arg(sp)
 
     sp = sub.add_parser("forecast", help="a forecast against the recent history")
     common(sp)
@@ -54,6 +55,7 @@ def add_arguments(p):
     src = sp.add_mutually_exclusive_group(required=True)
     src.add_argument("--history", help="statistics history: Parquet folder/file or JSON snapshot(s)")
     src.add_argument("--lake", help="lake root: reads <lake>/stats/<query>/")
+    partitioning_arg(sp)
 
     sp = sub.add_parser("plan", help="a candidate plan against the query and the active plan")
     common(sp)
@@ -63,6 +65,38 @@ def add_arguments(p):
     act.add_argument("--lake", help="lake root: the active plan is the registry's ACTIVE")
     sp.add_argument("--stats", help="statistics JSON (the forecast) to cost both plans with mjoin.cost; "
                                     "without it the plans' recorded estimated_cost are compared")
+
+
+def partitioning_arg(sp):
+    sp.add_argument("--partitioning", metavar="P",
+                    help="the key groups every cycle must hold: a number of groups, 'none' (one group), a partitioning "
+                         "rule as JSON, or a plan JSON file (its partitioning); default: the partitioning the stats "
+                         "job recorded per cycle, else the groups present")
+
+
+def _partitioning(args):
+    """The --partitioning value as the gates take it (UNKNOWN when not given)."""
+    import json
+
+    from .. import fsutil
+    from ..cli import UserError
+    from ..gates.frames import UNKNOWN
+
+    text = getattr(args, "partitioning", None)
+    if text is None:
+        return UNKNOWN
+    text = text.strip()
+    if text.lower() in ("none", "null", ""):
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        doc = json.loads(fsutil.read_text(text) if fsutil.exists(text) else text)
+    except (ValueError, OSError) as exc:
+        raise UserError(f"--partitioning {text!r}: not a number, 'none', a JSON rule or a plan file ({exc})") from None
+    if isinstance(doc, dict) and "groups" in doc and isinstance(doc.get("groups"), list):  # a plan document
+        return doc.get("partitioning")
+    return doc
 
 
 def _config(args):
@@ -162,13 +196,14 @@ def _input(args, query, cfg):
 def _stats(args, query, cfg):
     from ..gates import check_statistics
 
-    return check_statistics(query, _history(args, query), args.start, args.end, _duration(args.cycle), config=cfg)
+    return check_statistics(query, _history(args, query), args.start, args.end, _duration(args.cycle), config=cfg,
+                            partitioning=_partitioning(args))
 
 
 def _forecast(args, query, cfg):
     from ..gates import check_forecast
 
-    return check_forecast(query, args.forecast, _history(args, query), config=cfg)
+    return check_forecast(query, args.forecast, _history(args, query), config=cfg, partitioning=_partitioning(args))
 
 
 def _plan(args, query, cfg):

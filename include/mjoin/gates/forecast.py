@@ -21,10 +21,10 @@ from ..schemas import SchemaError
 from ..statistics import ROW_COLUMNS, Statistics, StatisticsError
 from .base import GateRun
 from .config import GateConfig
-from .frames import coverage_frame, missing_columns, tidy_frame, where_label
+from .frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, recorded_groups, tidy_frame, where_label
 from .result import GateResult
 from .suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
-                     forecast_values_suite)
+                     forecast_values_suite, history_columns_suite)
 
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): for normal data sigma = 1.4826 x MAD
 
@@ -88,9 +88,17 @@ def plausibility_frame(forecast_rows: pd.DataFrame, history: pd.DataFrame, cfg: 
                                       "n_history"])
 
 
-def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig | None = None) -> GateResult:
+def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig | None = None,
+                   partitioning=UNKNOWN) -> GateResult:
     """Check a forecast snapshot (``Statistics``, JSON document or path) against the query and the
-    recent statistics history (tidy rows, ``ROW_COLUMNS``)."""
+    recent statistics history (tidy rows, ``ROW_COLUMNS``).
+
+    The key groups every stream and edge must be forecast for come from ``partitioning`` (see
+    :func:`~mjoin.gates.frames.groups_of`), else from the forecast's own partitioning, else from
+    the partitioning the stats job recorded for the last history cycle before the forecast, else
+    from the groups the forecast holds (a note then says so). A history without the tidy columns
+    fails ``forecast.history_columns_present``: the plausibility rules cannot run without it.
+    """
     cfg = config or GateConfig()
     run = GateRun("forecast", query, cfg)
     try:
@@ -106,19 +114,46 @@ def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig
     if fc.kind != "forecast":
         run.note(f"statistics of kind {fc.kind!r} checked as a forecast")
 
+    if history is None:
+        history = pd.DataFrame()
+    history_ok = not run.check(history_columns_suite(query), history.iloc[:0].copy())
+    hist = tidy_frame(history, query) if history_ok else None
+
     rows = pd.DataFrame(fc.to_rows(), columns=list(ROW_COLUMNS))
     frame = tidy_frame(rows, query)
-    run.check(forecast_values_suite(query, cfg), frame)
-    groups = sorted(frame["group"].unique()) or [0]
     cycle = frame["cycle"].iloc[0] if len(frame) else None
+    expected, groups_from = _expected_groups(partitioning, fc, history, hist, cycle)
+    data_groups = sorted(int(g) for g in frame["group"].unique()) or [0]
+    if expected is None:
+        run.note(f"key groups taken from the forecast itself ({', '.join(map(str, data_groups))}): a key group "
+                 "missing from the whole forecast cannot be detected; pass the partitioning")
+    run.check(forecast_values_suite(query, cfg), mark_expected_groups(frame, expected))
+    groups = expected if expected is not None else data_groups
     run.check(coverage_suite("forecast", query), coverage_frame(frame, query, [cycle], groups))
+    run.details.update({"groups": list(groups), "groups_from": groups_from})
 
-    missing = missing_columns(history)
-    if missing:
-        run.note(f"the history lacks column(s) {', '.join(missing)}: plausibility not checked")
-        run.skip(["forecast.has_recent_history", "forecast.near_recent_history"], "no usable history")
+    if not history_ok:
+        run.skip(["forecast.has_recent_history", "forecast.near_recent_history"],
+                 "the history lacks the tidy columns (see forecast.history_columns_present)")
         return run.result()
-    plaus = plausibility_frame(frame, tidy_frame(history, query), cfg, before=cycle)
+    plaus = plausibility_frame(frame, hist, cfg, before=cycle)
     run.check(forecast_plausibility_suite(query, cfg), plaus)
     run.details["plausibility"] = plaus.to_dict("records")
     return run.result()
+
+
+def _expected_groups(partitioning, fc, history, hist, cycle):
+    """``(group ids or None, where they come from)`` for the forecast's coverage (see check_forecast)."""
+    if partitioning is not UNKNOWN:
+        return groups_of(partitioning), "partitioning given"
+    if fc.partitioning is not None:
+        return groups_of(fc.partitioning), "partitioning of the forecast"
+    if hist is not None and len(hist):
+        before = hist["cycle"].dropna()
+        if cycle is not None and not pd.isna(cycle):
+            before = before[before < cycle]
+        if len(before):
+            rec = recorded_groups(history, before.max())
+            if rec is not None:
+                return rec, "partitioning recorded by the stats job for the last history cycle"
+    return None, "forecast rows"

@@ -17,6 +17,68 @@ from .suites import EDGE_FIELDS, REQUIRED_COLUMNS, STREAM_FIELDS
 FIELDS = STREAM_FIELDS + EDGE_FIELDS
 
 
+class _Unknown:
+    def __repr__(self):
+        return "UNKNOWN"
+
+
+#: ``partitioning=`` not given to a gate: the key groups come from what the statistics record, else the data
+UNKNOWN = _Unknown()
+
+
+def groups_of(partitioning) -> list[int]:
+    """The key group ids a partitioning defines: a rule (:mod:`mjoin.partition`; ``None`` or ``{}`` = no
+    partitioning, one group 0), a number of groups, a list of group ids, or a Plan (its partitioning)."""
+    from ..partition import num_groups
+    from .config import GateConfigError
+
+    if hasattr(partitioning, "orders") and hasattr(partitioning, "partitioning"):  # a mjoin.plan.Plan
+        partitioning = partitioning.partitioning
+    try:
+        if partitioning is None or (isinstance(partitioning, dict) and not partitioning):
+            return [0]
+        if isinstance(partitioning, bool):
+            raise TypeError("a boolean")
+        if isinstance(partitioning, int):
+            if partitioning < 1:
+                raise ValueError(f"{partitioning} groups")
+            return list(range(partitioning))
+        if isinstance(partitioning, (list, tuple, set, frozenset)):
+            ids = sorted({int(g) for g in partitioning})
+            if not ids or ids[0] < 0:
+                raise ValueError(f"group ids {list(partitioning)!r}")
+            return ids
+        if isinstance(partitioning, dict):
+            return list(range(num_groups(partitioning)))
+        raise TypeError(type(partitioning).__name__)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise GateConfigError(f"partitioning {partitioning!r} defines no key groups ({exc}); give a partitioning "
+                              "rule, None (one group), a number of groups, a list of group ids or a plan") from None
+
+
+def recorded_groups(history: pd.DataFrame, cycle) -> list[int] | None:
+    """The key groups of the partitioning the stats job recorded for ``cycle`` (``_cycle.json``, read with
+    ``read_history(..., meta=True)`` into ``history.attrs["cycles"]``); None if nothing is recorded."""
+    meta = (getattr(history, "attrs", {}).get("cycles") or {}).get(iso(cycle)) if cycle is not None else None
+    if not meta or "partitioning" not in meta:
+        return None
+    return groups_of(meta["partitioning"])
+
+
+def mark_expected_groups(df: pd.DataFrame, expected) -> pd.DataFrame:
+    """Set ``group_expected`` (True/False; None where unknown) and ``expected_groups`` (for the report) from
+    ``expected``: None (unknown), a list of group ids, or ``{cycle: list or None}``."""
+    df = df.copy()
+    flags, shown = [], []
+    for c, g in zip(df["cycle"], df["group"]):
+        ids = expected.get(c) if isinstance(expected, dict) else expected
+        flags.append(None if ids is None else bool(g in ids))
+        shown.append(None if ids is None else ",".join(map(str, ids)))
+    df["group_expected"] = pd.Series(flags, index=df.index, dtype=object)
+    df["expected_groups"] = pd.Series(shown, index=df.index, dtype=object)
+    return df
+
+
 def missing_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in REQUIRED_COLUMNS if c not in frame.columns]
 
@@ -86,15 +148,18 @@ def tidy_frame(rows: pd.DataFrame, query) -> pd.DataFrame:
     if unread.any():
         df.loc[unread, "where"] = df.loc[unread, "where"] + "@" + df.loc[unread, "cycle_start"].astype(str)
     df["key"] = df["entity"].astype(str) + "|" + df["where"]
+    df["group_expected"] = pd.Series([None] * len(df), index=df.index, dtype=object)  # see mark_expected_groups
+    df["expected_groups"] = pd.Series([None] * len(df), index=df.index, dtype=object)
     return df
 
 
 def coverage_frame(df: pd.DataFrame, query, cycles, groups) -> pd.DataFrame:
-    """One row per (cycle, group, stream or directed edge of the graph) with ``present``."""
+    """One row per (cycle, group, stream or directed edge of the graph) with ``present``; ``groups`` is a list
+    of group ids for every cycle or ``{cycle: list}``."""
     have = set(zip(df["cycle"], df["group"], df["entity"], df["stream"], df["right"].map(lambda v: v or None)))
     out = []
     for c in cycles:
-        for g in groups:
+        for g in (groups[c] if isinstance(groups, dict) else groups):
             for s in query.stream_names:
                 out.append(("stream", s, None, g, c, (c, g, "stream", s, None) in have))
             for l, r in query.directed_edges:

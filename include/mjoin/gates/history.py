@@ -14,7 +14,11 @@ from ..statistics import ROW_COLUMNS, Statistics
 
 
 def read_history(path, query_name: str | None = None) -> pd.DataFrame:
-    """Tidy statistics rows from a stats history folder (root or query folder) or JSON snapshots."""
+    """Tidy statistics rows from a stats history folder (root or query folder) or JSON snapshots.
+
+    A Parquet history comes with its cycles' metadata in ``attrs["cycles"]`` (the partitioning each
+    cycle was computed with: the statistics and forecast gates expect its key groups); JSON
+    snapshots that name a partitioning record it the same way."""
     from ..stats.history import read_history as read_parquet_history
 
     path = str(path)
@@ -26,9 +30,15 @@ def read_history(path, query_name: str | None = None) -> pd.DataFrame:
     jsons = [fsutil.join(path, n) for n in names if n.endswith(".json") and not n.startswith((".", "_"))]
     if jsons and not any(n.startswith("cycle=") for n in names):
         return _from_snapshots(jsons)
-    return read_parquet_history(path, query_name)
+    return read_parquet_history(path, query_name, meta=True)
 
 
 def _from_snapshots(paths) -> pd.DataFrame:
-    rows = [r for p in sorted(paths) for r in Statistics.load(p).to_rows()]
-    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+    from ..timeutil import iso
+
+    snaps = [Statistics.load(p) for p in sorted(paths)]
+    frame = pd.DataFrame([r for s in snaps for r in s.to_rows()], columns=list(ROW_COLUMNS))
+    # a snapshot's partitioning None may mean "none" or "not said" (hand-made): recorded only when set
+    frame.attrs["cycles"] = {iso(s.cycle_start): {"partitioning": s.partitioning} for s in snaps
+                             if s.cycle_start and s.partitioning is not None}
+    return frame

@@ -8,7 +8,7 @@ from ..timeutil import cycles as cycle_starts
 from ..timeutil import iso, parse_duration, parse_time
 from .base import GateRun
 from .config import GateConfig
-from .frames import coverage_frame, missing_columns, tidy_frame, to_cycle
+from .frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, missing_columns, recorded_groups, tidy_frame, to_cycle
 from .result import GateResult
 from .suites import columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite, stats_values_suite
 
@@ -18,11 +18,17 @@ class StatisticsGateError(ValueError):
 
 
 def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: float | str | None = None, *,
-                     config: GateConfig | None = None) -> GateResult:
+                     config: GateConfig | None = None, partitioning=UNKNOWN) -> GateResult:
     """Check the tidy statistics ``history`` (``ROW_COLUMNS``) for the interval ``[start, end)``.
 
     Values, completeness and grid are checked on the cycles of the interval; the history
     length counts every cycle present before ``end`` (the forecast reads back that far).
+
+    Every key group must be present in every cycle. The groups expected come from
+    ``partitioning`` (a rule, None = one group, a number of groups, group ids or a Plan:
+    :func:`~mjoin.gates.frames.groups_of`), else from the partitioning the stats job recorded
+    per cycle (``read_history(..., meta=True)``), else from the groups present in the
+    interval (a note then says that a group missing from the whole interval cannot be seen).
     """
     cfg = config or GateConfig()
     run = GateRun("stats", query, cfg)
@@ -53,13 +59,31 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
     inside = df[(df["cycle"] >= ts0) & (df["cycle"] < ts1)]
     before_end = df[df["cycle"] < ts1]
 
-    # values, uniqueness, query: the rows of the interval, and rows that cannot be placed in time
-    run.check(stats_values_suite(query, cfg), pd.concat([inside, df[no_cycle]]))
-
-    # completeness per cycle present in the interval
+    # the key groups expected in each cycle present in the interval
     present_cycles = sorted(inside["cycle"].unique())
-    groups = sorted(inside["group"].unique()) or [0]
-    run.check(coverage_suite("stats", query), coverage_frame(inside, query, present_cycles, groups))
+    data_groups = sorted(int(g) for g in inside["group"].unique()) or [0]
+    if partitioning is not UNKNOWN:
+        given = groups_of(partitioning)
+        expected_groups = {c: given for c in present_cycles}
+        groups_from = "partitioning given"
+    else:
+        expected_groups = {c: recorded_groups(history, c) for c in present_cycles}
+        unrecorded = [c for c, g in expected_groups.items() if g is None]
+        groups_from = "partitioning recorded by the stats job" if not unrecorded else (
+            "statistics rows" if len(unrecorded) == len(present_cycles) else
+            "partitioning recorded by the stats job; statistics rows where none is recorded")
+        if unrecorded:
+            run.note(f"key groups of {len(unrecorded)} cycle(s) taken from the statistics rows themselves "
+                     f"({', '.join(map(str, data_groups))}): a key group missing from every cycle of the interval "
+                     "cannot be detected; pass the partitioning (or read the history with its cycle metadata)")
+    known = {c: g for c, g in expected_groups.items() if g is not None}
+    coverage_groups = {c: (expected_groups[c] if expected_groups[c] is not None else data_groups) for c in present_cycles}
+
+    # values, uniqueness, query, key groups: the rows of the interval, and rows that cannot be placed in time
+    run.check(stats_values_suite(query, cfg), mark_expected_groups(pd.concat([inside, df[no_cycle]]), known or None))
+
+    # completeness per cycle present in the interval and key group
+    run.check(coverage_suite("stats", query), coverage_frame(inside, query, present_cycles, coverage_groups))
 
     # every cycle of the interval, on the grid
     expected = list(to_cycle(cycle_starts(t0, t1, cycle_seconds)))
@@ -83,7 +107,8 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
         "cycles_expected": len(expected),
         "cycles_present": len(present_cycles),
         "history_cycles": len(hist_cycles),
-        "groups": [int(g) for g in groups],
+        "groups": sorted({int(g) for gs in coverage_groups.values() for g in gs} or set(data_groups)),
+        "groups_from": groups_from,
     })
     return run.result()
 

@@ -134,6 +134,12 @@ def _value_rules(prefix: str, query) -> list:
                                                     "every row's cycle_start is a readable instant"),
                "a row that cannot be placed in time cannot be part of a series", "{where}: cycle_start unreadable",
                column="cycle_readable", value_set=[True]),
+        expect("ExpectColumnValuesToBeInSet", _doc(f"{prefix}.groups_of_partitioning",
+                                                    "every row's key group is one of the groups of the partitioning "
+                                                    "the statistics were computed with (when it is known)"),
+               "statistics of a key group the partitioning does not define were computed with another partitioning",
+               "{where}: key group {group} is not one of the partitioning's groups {expected_groups}",
+               column="group_expected", value_set=[True]),
         expect("ExpectColumnValuesToBeUnique", _doc(f"{prefix}.one_row_per_entity_and_cycle",
                                                      "no stream or edge appears twice in one cycle and key group"),
                "two rows for one series make the history ambiguous", "{where} appears more than once", column="key"),
@@ -174,17 +180,29 @@ def stats_values_suite(query, cfg):
     return make_suite(f"mjoin.stats.values.{query.name}", _value_rules("stats", query))
 
 
+def history_columns_suite(query):
+    """Frame: the statistics history the forecast is compared with (only its columns matter)."""
+    return make_suite(f"mjoin.forecast.history_columns.{query.name}", [
+        expect("ExpectTableColumnsToMatchSet", _doc("forecast.history_columns_present",
+                                                     "the statistics history the forecast is compared with has the "
+                                                     "tidy columns; if not, the plausibility rules cannot run"),
+               "without a readable history the forecast cannot be compared with anything",
+               "history: missing column(s) {missing}", column_set=list(REQUIRED_COLUMNS), exact_match=False),
+    ])
+
+
 def coverage_suite(prefix: str, query):
-    """Frame ``coverage``: one row per (cycle present, group, stream or directed edge of the graph);
+    """Frame ``coverage``: one row per (cycle present, key group, stream or directed edge of the graph);
     ``stream_present`` / ``edge_present`` is True/False on stream / edge rows and None on the others."""
     return make_suite(f"mjoin.{prefix}.coverage.{query.name}", [
         expect("ExpectColumnValuesToBeInSet",
-               _doc(f"{prefix}.every_stream_present", "every stream of the join graph has a row (per cycle and key group)"),
+               _doc(f"{prefix}.every_stream_present", "every stream of the join graph has a row (per cycle and key group "
+                                                       "of the partitioning)"),
                "the optimizer needs lambda, kappa and window_tuples of every stream", "{where} missing",
                column="stream_present", value_set=[True]),
         expect("ExpectColumnValuesToBeInSet",
                _doc(f"{prefix}.every_edge_present",
-                    "every directed edge of the join graph has a row (per cycle and key group)"),
+                    "every directed edge of the join graph has a row (per cycle and key group of the partitioning)"),
                "the optimizer needs gamma and mu of every directed edge", "{where} missing",
                column="edge_present", value_set=[True]),
     ])
@@ -322,6 +340,7 @@ def _register_all():
         fn(q, cfg)
     input_streams_suite(q, cfg, 0.0)
     columns_suite(q)
+    history_columns_suite(q)
     coverage_suite("stats", q)
     coverage_suite("forecast", q)
     forecast_document_suite(q)
