@@ -15,10 +15,10 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from mjoin.dag_params import DEFAULT_QUERY, STRATEGY_NAMES
+from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
-EVAL_STRATEGIES = list(STRATEGY_NAMES) + ["dppick_nosmooth", "oracle"]
+EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
 
 
 @dag(
@@ -77,7 +77,7 @@ def mjoin_evaluate():
 
     args = arguments()
     run = SparkSubmitOperator(task_id="evaluate", application=str(JOBS / "evaluate.py"), application_args=args,
-                              conn_id="spark_default", name="mjoin-evaluate",
+                              conn_id="spark_default", name="mjoin-evaluate", env_vars=spark_env(),
                               conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
     args >> run >> show_comparison()
 

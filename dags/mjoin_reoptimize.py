@@ -6,9 +6,13 @@ One run covers the period that just ended, [logical_date - period, logical_date)
       -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
 
 A failed gate fails its task: the steps after it do not run and the active plan stays.
-A plan that is not better than the active one skips `deploy` ("no change"). `record`
-always runs and appends the outcome to the report. Logic lives in mjoin.reoptimize;
-this file only wires it.
+A plan that is not better than the active one skips `deploy` ("no change"), so does a
+dry run. In continuous mode (`mode=continuous`, a join job started by mjoin_join_job)
+`join` is skipped and `await_switch` waits until the running job's batches run the new
+version (else rolls back and fails); in cycle mode `await_switch` is skipped. Backfill
+runs always use cycle mode, in the `eval/backfill` namespace. `gates` overrides gate
+thresholds for the run. `record` always runs and writes the run's outcome.
+Logic lives in mjoin.reoptimize (docs/orchestration.md); this file only wires it.
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS
+from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was started
 
 
 def _params():
@@ -45,7 +50,11 @@ def _step(fn, *args):
     from mjoin.reoptimize import NoChange, StepFailed
 
     try:
-        return fn(_config(), *args)
+        cfg = _config()
+    except ValueError as exc:  # bad params (unknown gate key, bad value): a clear message, no retry
+        raise AirflowFailException(f"invalid params: {exc}")
+    try:
+        return fn(cfg, *args)
     except NoChange as exc:
         raise AirflowSkipException(str(exc))
     except StepFailed as exc:
@@ -144,10 +153,10 @@ def mjoin_reoptimize():
     mode = join_mode(ctx)
     join = SparkSubmitOperator(
         task_id="join", application=str(JOBS / "join.py"), application_args=ctx["join_args"],
-        conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, verbose=False)
+        conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     stats = SparkSubmitOperator(
         task_id="collect_statistics", application=str(JOBS / "stats.py"), application_args=ctx["stats_args"],
-        conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, verbose=False,
+        conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False,
         trigger_rule="none_failed_min_one_success")
     gate_stats = check_statistics(ctx)
     fc = forecast(ctx)

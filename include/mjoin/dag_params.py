@@ -1,17 +1,33 @@
 """Defaults and limits of the DAG params (the trigger form), importable at DAG-parse time.
 
-Light on purpose: no numpy, pandas, Spark or statsmodels here, so the scheduler's
-parsing of ``dags/`` stays cheap (tests check what parsing imports). The strategy
-names must equal ``mjoin.optimize.STRATEGIES`` (a test checks it).
+Light on purpose: no numpy, pandas, Spark, statsmodels or great-expectations here (not
+even ``mjoin.gates``, whose package imports pandas), so the scheduler's parsing of
+``dags/`` stays cheap (tests check what parsing imports and how long it takes). Names
+that live elsewhere are repeated here and checked by tests: the strategy names equal
+``mjoin.optimize.STRATEGIES`` (and ``mjoin.evaluate.STRATEGIES``), the gate keys equal ``mjoin.gates.GateConfig.keys()``.
+Threshold VALUES are never repeated: a param left empty (null) means "the default of
+:class:`mjoin.gates.GateConfig`", the one place of gate defaults.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 #: the re-optimization period = the DAG schedule (minutes); one run covers [logical_date - PERIOD, logical_date)
 PERIOD_MINUTES = int(os.environ.get("MJOIN_PERIOD_MINUTES", "5"))
-STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match")
+STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
+                  "exact_query", "exact_match")
+#: what mjoin_evaluate compares (= mjoin.evaluate.STRATEGIES; a test checks it)
+EVAL_STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
+                       "dppick_nosmooth", "oracle")
 DEFAULT_QUERY = os.environ.get("MJOIN_QUERY", "tpcds_returns_by_address")
+#: the thresholds a run may override through the ``gates`` param (= GateConfig's fields; a test checks it)
+GATE_KEYS = ("null_key_fraction_max", "min_rows_per_cycle", "quiet_streams", "late_tolerance", "future_tolerance",
+             "late_fraction_max", "future_fraction_max", "duplicate_lookback", "input_engine", "min_history",
+             "forecast_window", "forecast_spread_k", "forecast_spread", "forecast_floor_rel", "forecast_floor_abs",
+             "forecast_floor_abs_gamma", "improvement_threshold")
 
 #: name -> (default, JSON-schema type, extra schema, description)
 REOPTIMIZE_PARAMS = {
@@ -19,13 +35,39 @@ REOPTIMIZE_PARAMS = {
     "strategy": ("exact", "string", {"enum": list(STRATEGY_NAMES)}, "probe-order optimizer"),
     "length": (60, "integer", {"minimum": 2, "maximum": 10000}, "L: statistics cycles the forecast reads"),
     "cycle": (10, "integer", {"minimum": 1, "maximum": 3600}, "tau: statistics cycle in seconds"),
-    "improvement_threshold": (0.05, "number", {"minimum": 0, "maximum": 1},
-                              "deploy only if the estimated cost drops by at least this fraction"),
+    "improvement_threshold": (None, ["null", "number"], {"minimum": 0, "maximum": 1},
+                              "deploy only if the estimated cost drops by at least this fraction (empty: the gate "
+                              "config's default; gates.improvement_threshold, if given, wins)"),
+    "gates": ({}, "object", {"properties": {k: {} for k in GATE_KEYS}, "additionalProperties": False},
+              "gate threshold overrides for this run, e.g. {\"null_key_fraction_max\": 0.2, \"min_history\": 5} "
+              "(keys: docs/gates.md; unknown keys are rejected)"),
     "dry_run": (False, "boolean", {}, "optimize and gate, do not deploy"),
     "mode": ("cycle", "string", {"enum": ["cycle", "continuous"]},
-             "cycle: join each interval in this run (availableNow); continuous: a running join job hot-reloads"),
+             "cycle: join each interval in this run (availableNow); continuous: a running join job hot-reloads "
+             "(backfill runs always use cycle)"),
+    "deploy_timeout": (600, "integer", {"minimum": 5, "maximum": 86400},
+                       "continuous mode: seconds to wait for the running job to switch before rolling back"),
     "workload": ("", "string", {}, "cycle mode: land each interval from this generated workload folder (demo)"),
     "lake": ("", "string", {}, "lake root (empty: MJOIN_LAKE or the project's .lake)"),
     "namespace": ("", "string", {}, "lake namespace (empty: live; backfills default to eval/backfill)"),
     "initial_order": ("", "string", {}, "comma-separated stream order for the fixed strategy / the first plan"),
 }
+
+
+def spark_bin() -> str:
+    """The folder holding ``spark-submit``: beside this interpreter (the project's venv), else pyspark's own."""
+    here = Path(sys.executable).parent
+    if (here / "spark-submit").exists():
+        return str(here)
+    spec = importlib.util.find_spec("pyspark")  # locates the package without importing it
+    if spec and spec.submodule_search_locations:
+        return str(Path(list(spec.submodule_search_locations)[0]) / "bin")
+    return str(here)
+
+
+def spark_env() -> dict:
+    """``env_vars`` of every SparkSubmitOperator: spark-submit on PATH and this interpreter for the
+    Python workers, whatever environment the Airflow worker was started with."""
+    bin_dir = spark_bin()
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    return {"PATH": os.pathsep.join([bin_dir, *rest]), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}

@@ -15,7 +15,20 @@ that is not better than the active one is the outcome ``no_change``.
 Runs of a backfill (``run_type == "backfill"``) and evaluations work in a
 separate namespace of the lake (default ``eval/backfill``): their statistics,
 plans, registry, results and reports never touch the live deployment, and
-they read only data before each run's interval end (no look-ahead).
+they read only data before each run's interval end (no look-ahead). A backfill
+always runs in cycle mode (its join is the interval evaluation of its own
+interval; there is no running job of the past to hot-reload), whatever ``mode``
+says.
+
+Gate thresholds: one :class:`mjoin.gates.GateConfig` per run, its defaults
+overridden by the ``gates`` param; the ``improvement_threshold`` param is a
+shortcut for ``gates.improvement_threshold`` (the latter wins when both are
+given). Every step uses :meth:`LoopConfig.gate_config`, and messages print the
+threshold the plan gate actually used.
+
+Outcomes: ``record`` writes ``outcome.json`` into the run folder (one file per
+run, atomically); :func:`mjoin.ui.read_outcomes` reads them back sorted, so two
+runs at once in one namespace never lose each other's outcome.
 """
 from __future__ import annotations
 
@@ -57,7 +70,7 @@ class LoopConfig:
     length: int = 60  # L: statistics cycles the forecast reads
     cycle: float = 10.0  # tau: statistics cycle, seconds
     period: float = 300.0  # the re-optimization period (the DAG schedule), seconds
-    improvement_threshold: float = 0.05
+    improvement_threshold: float | None = None  # None: GateConfig's default (resolved in from_params)
     dry_run: bool = False
     mode: str = "cycle"  # cycle | continuous
     workload: str = ""  # cycle mode: land each interval from this generated workload
@@ -78,18 +91,53 @@ class LoopConfig:
                 values[k] = parse_duration(values[k])
         if isinstance(values.get("initial_order"), str):
             values["initial_order"] = [s.strip() for s in values["initial_order"].split(",") if s.strip()]
+        if isinstance(values.get("gates"), str):
+            values["gates"] = json.loads(values["gates"] or "{}")
+        if not isinstance(values.get("gates", {}), dict):
+            raise ValueError(f"gates must be an object of threshold overrides, not {values['gates']!r}")
         cfg = cls(**values, run_id=run_id, run_type=run_type)
         if not cfg.lake:
             from .resources import Resources
 
             cfg.lake = Resources.from_env().lake
-        if run_type == "backfill" and not cfg.namespace:
-            cfg.namespace = BACKFILL_NAMESPACE
         if cfg.mode not in ("cycle", "continuous"):
             raise ValueError(f"mode {cfg.mode!r}: use cycle or continuous")
+        if run_type == "backfill":
+            if not cfg.namespace:
+                cfg.namespace = BACKFILL_NAMESPACE
+            if cfg.mode != "cycle":
+                log.warning("backfill run: mode %s ignored, a backfill always runs in cycle mode", cfg.mode)
+                cfg.mode = "cycle"
+        cfg._resolve_gates()
         if cfg.period < cfg.cycle or cfg.cycle <= 0:
             raise ValueError(f"period ({cfg.period} s) must be at least one statistics cycle ({cfg.cycle} s)")
         return cfg
+
+    def _resolve_gates(self) -> None:
+        """One improvement threshold: ``gates.improvement_threshold`` > the param > GateConfig's default.
+        Validates every override (unknown keys and bad values raise GateConfigError, a ValueError)."""
+        from .gates import GateConfig
+
+        gates = dict(self.gates or {})
+        param = self.improvement_threshold
+        if "improvement_threshold" not in gates and param is not None:
+            gates["improvement_threshold"] = param
+        config = GateConfig.from_dict(gates)
+        if param is not None and "improvement_threshold" in (self.gates or {}) and \
+                float(param) != config.improvement_threshold:
+            log.warning("improvement threshold %s (gates.improvement_threshold) wins over the improvement_threshold "
+                        "param (%s)", config.improvement_threshold, param)
+        self.gates = gates
+        self.improvement_threshold = config.improvement_threshold
+
+    def gate_config(self):
+        """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
+        from .gates import GateConfig
+
+        overrides = dict(self.gates or {})
+        if "improvement_threshold" not in overrides and self.improvement_threshold is not None:
+            overrides["improvement_threshold"] = self.improvement_threshold
+        return GateConfig.from_dict(overrides)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -211,11 +259,7 @@ def land(cfg: LoopConfig, ctx: dict) -> dict:
 # ---- gates -------------------------------------------------------------------------
 
 def _gate_config(cfg: LoopConfig):
-    from .gates import GateConfig
-
-    overrides = dict(cfg.gates or {})
-    overrides.setdefault("improvement_threshold", cfg.improvement_threshold)
-    return GateConfig.from_dict(overrides)
+    return cfg.gate_config()
 
 
 def _finish_gate(result, ctx: dict, name: str) -> dict:
@@ -323,20 +367,26 @@ def check_plan(cfg: LoopConfig, ctx: dict) -> dict:
                   cost_fn=lambda p: plan_cost(query, stats, p, model), config=_gate_config(cfg))
     brief = _finish_gate(result, ctx, "plan")
     brief["active_version"] = active.version if active else None
-    brief["improvement"] = result.details.get("improvement") if hasattr(result, "details") else None
+    brief["improvement"] = result.details.get("improvement")
+    brief["threshold"] = result.details.get("threshold")
     return brief
 
 
 # ---- 4. deploy ----------------------------------------------------------------------
 
 def deploy(cfg: LoopConfig, ctx: dict, plan_gate: dict) -> dict:
-    """Publish the candidate with its lineage and activate it (skipped on no change or dry run)."""
+    """Publish the candidate with its lineage and activate it (skipped on no change or dry run).
+
+    Writes ``deploy.json`` (version, previous, activation time and, in continuous mode, the
+    join job's last batch before the switch) for ``await_switch`` and ``record``."""
     from .plan import load_plan
     from .registry import PlanRegistry
 
     if plan_gate.get("status") == "no_change":
+        threshold = plan_gate.get("threshold")
+        gain = plan_gate.get("improvement")
         raise NoChange(f"no change: the candidate is not better than active v{plan_gate.get('active_version')} "
-                       f"by the threshold ({cfg.improvement_threshold:.0%}); improvement {plan_gate.get('improvement')}")
+                       f"by the threshold {_pct(threshold)} (estimated improvement {_pct(gain)})")
     if cfg.dry_run:
         raise NoChange("dry run: optimized and gated, not deployed")
     query = cfg.load_query()
@@ -345,71 +395,171 @@ def deploy(cfg: LoopConfig, ctx: dict, plan_gate: dict) -> dict:
     lineage = {"run": cfg.run_id, "run_type": cfg.run_type, "interval": [ctx["start"], ctx["end"]],
                "statistics": stats_root(cfg), "forecast": fsutil.join(ctx["run_dir"], "forecast.json"),
                "gates": {g: fsutil.join(ctx["run_dir"], f"gate_{g}.json") for g in ("input", "stats", "forecast", "plan")},
-               "improvement": plan_gate.get("improvement"), "previous": plan_gate.get("active_version")}
+               "improvement": plan_gate.get("improvement"), "threshold": plan_gate.get("threshold"),
+               "previous": plan_gate.get("active_version")}
+    job = None
+    if cfg.mode == "continuous":
+        from .engine.control import JobControl
+
+        st = JobControl(cfg.lake_, query.name).status()
+        job = {k: st.get(k) for k in ("running", "state", "last_batch_id", "plan_version")}
+        if job["last_batch_id"] is None:  # no batch in this run of the job yet: the newest batch of earlier runs
+            job["last_batch_id"] = _last_batch_id(cfg.lake_, query.name)
     version = reg.publish(plan, lineage, query)
     rec = reg.activate(version, by=cfg.run_id or "mjoin", reason=f"{cfg.strategy} for {ctx['end']}")
     log.info("published and activated %s v%d (previous %s)", query.name, version, rec.previous)
-    return {"version": version, "previous": rec.previous}
+    out = {"version": version, "previous": rec.previous, "activated_at": rec.activated_at, "job": job}
+    _write(fsutil.join(ctx["run_dir"], "deploy.json"), out)
+    return out
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{float(x):.1%}"
+
+
+def _last_batch_id(lake: Lake, query_name: str):
+    from .engine.metrics import BATCH_FILE
+
+    ids = [int(m.group(1)) for n in fsutil.listdir(lake.metrics(query_name)) if (m := BATCH_FILE.match(n))]
+    return max(ids) if ids else None
+
+
+def _batches_after(lake: Lake, query_name: str, after) -> list[dict]:
+    """The streaming job's metrics records of batches with id > ``after`` (none yet: [])."""
+    from .engine.metrics import BATCH_FILE
+
+    folder = lake.metrics(query_name)
+    out = []
+    for name in fsutil.listdir(folder):  # [] while no batch has run (no folder yet)
+        m = BATCH_FILE.match(name)
+        if m and (after is None or int(m.group(1)) > int(after)):
+            try:
+                out.append(json.loads(fsutil.read_text(fsutil.join(folder, name))))
+            except (FileNotFoundError, json.JSONDecodeError):  # replaced atomically; gone = cleared: skip
+                continue
+    return sorted(out, key=lambda r: r["batch_id"])
+
+
+def _mentions(error, version: int) -> bool:
+    import re
+
+    return bool(error) and re.search(rf"\bv{int(version)}\b", str(error)) is not None
 
 
 def await_switch(cfg: LoopConfig, ctx: dict, deployed: dict, poll: float = 5.0) -> dict:
-    """Continuous mode: wait until the running job's metrics show the new version; on timeout roll back and fail."""
-    from .registry import PlanRegistry
+    """Continuous mode: wait until the running job's batches run the version this run deployed.
+
+    - a batch ran it: done (``switch.json`` says ``switched``);
+    - the job reports it cannot load it (``plan_error`` naming the version): roll back, fail;
+    - no batch ran it within ``deploy_timeout``: roll back, fail;
+    - the job is not running (never started, stopped, failed, lost): fail at once; the version
+      stays active, so the job uses it when it starts (nothing to confirm it against now).
+
+    A rollback happens only while the deployed version is still active: a version activated
+    in the meantime (by an operator or another run) is never undone."""
+    from .engine.control import JobControl
 
     if cfg.mode != "continuous":
         raise NoChange("cycle mode: the next cycle's join run uses the new plan")
-    from .engine import read_metrics
-
     query = cfg.load_query()
-    version = deployed["version"]
+    version = int(deployed["version"])
+    control = JobControl(cfg.lake_, query.name)
+    baseline = (deployed.get("job") or {}).get("last_batch_id")
+    path = fsutil.join(ctx["run_dir"], "switch.json")
     deadline = time.monotonic() + cfg.deploy_timeout
-    while time.monotonic() < deadline:
-        seen = [m for m in read_metrics(cfg.lake_, query.name) if m.get("plan_version") == version]
-        if seen:
-            return {"version": version, "batch_id": seen[0].get("batch_id"), "switched_at": seen[0].get("started_at")}
-        time.sleep(poll)
-    rec = PlanRegistry(cfg.lake_, query.name).rollback(by=cfg.run_id or "mjoin",
-                                                      reason=f"v{version} not picked up within {cfg.deploy_timeout:.0f} s")
-    raise StepFailed(f"the join job did not switch to v{version} within {cfg.deploy_timeout:.0f} s: "
-                     f"rolled back to v{rec.version}", {"rolled_back_to": rec.version})
+    while True:
+        st = control.status()
+        batches = _batches_after(cfg.lake_, query.name, baseline) if st.get("last_batch_id") != baseline else []
+        hit = next((b for b in batches if b.get("plan_version") == version and b.get("plan_source", "registry") == "registry"),
+                   None)
+        if hit is not None:
+            out = {"outcome": "switched", "version": version, "batch_id": hit["batch_id"],
+                   "switched_at": hit.get("started_at"), "job_pid": st.get("pid")}
+            _write(path, out)
+            log.info("the join job runs v%d since batch %s", version, hit["batch_id"])
+            return out
+        bad = next((b for b in batches if _mentions(b.get("plan_error"), version)), None)
+        if bad is not None:
+            _rollback_and_fail(cfg, ctx, query.name, version, "plan_error",
+                               f"the join job cannot run v{version} (batch {bad['batch_id']}: {bad['plan_error']})")
+        if not st.get("running"):
+            what = st.get("state", "not running")
+            detail = f": {st.get('error') or st.get('reason')}" if (st.get("error") or st.get("reason")) else ""
+            msg = (f"the join job of {query.name} is not running ({what}{detail}), so the switch to v{version} "
+                   f"cannot be confirmed; v{version} stays active and the job uses it when started "
+                   f"(mjoin_join_job action=start, or python -m mjoin run --stream)")
+            _write(path, {"outcome": "not_running", "version": version, "job": st, "message": msg})
+            raise StepFailed(msg, {"outcome": "not_running", "version": version})
+        if time.monotonic() >= deadline:
+            _rollback_and_fail(cfg, ctx, query.name, version, "timeout",
+                               f"the join job did not switch to v{version} within {cfg.deploy_timeout:.0f} s "
+                               f"(last batch {st.get('last_batch_id')} ran v{st.get('plan_version')})")
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())) or 0.1)
+
+
+def _rollback_and_fail(cfg: LoopConfig, ctx: dict, query_name: str, version: int, why: str, message: str):
+    from .registry import PlanRegistry, RegistryError
+
+    reg = PlanRegistry(cfg.lake_, query_name)
+    out = {"version": version, "reason": why, "message": message}
+    try:
+        rec = reg.rollback(by=cfg.run_id or "mjoin", reason=f"{why}: {message}"[:500], expect_active=version)
+        out.update(outcome="rolled_back", rolled_back_to=rec.version)
+        text = f"{message}: rolled back to v{rec.version}"
+    except RegistryError as exc:  # someone activated another version meanwhile, or nothing to go back to
+        out.update(outcome="not_rolled_back", active_version=reg.active_version(), registry=str(exc))
+        text = f"{message}; {exc}"
+    _write(fsutil.join(ctx["run_dir"], "switch.json"), out)
+    log.error("%s", text)
+    raise StepFailed(text, out)
 
 
 # ---- 5. record ----------------------------------------------------------------------
 
+def _read_opt(folder: str, name: str) -> dict:
+    path = fsutil.join(folder, name)
+    return _read(path) if fsutil.exists(path) else {}
+
+
 def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
-    """Append the run's outcome (gates, plan diff, estimated gain, version) to the report log."""
-    from .plan import load_plan
+    """Write the run's outcome (status, gates, the version it deployed, plan diff, estimated gain).
+
+    ``status``: ``deployed`` (active, and in continuous mode the job switched), ``rolled_back``
+    (deployed, then undone because the job did not switch), ``failed`` (a gate or step failed;
+    the active plan is what it was, or what ``active_version`` says), ``no_change``, ``dry_run``,
+    ``skipped``. One ``outcome.json`` per run folder (see the module docstring)."""
     from .registry import PlanRegistry
-    from .ui import OUTCOMES
 
     query = cfg.load_query()
     folder = ctx["run_dir"]
-    gates = {}
-    for g in ("input", "stats", "forecast", "plan"):
-        p = fsutil.join(folder, f"gate_{g}.json")
-        gates[g] = _read(p).get("status") if fsutil.exists(p) else None
+    gates = {g: _read_opt(folder, f"gate_{g}.json").get("status") for g in ("input", "stats", "forecast", "plan")}
     reg = PlanRegistry(cfg.lake_, query.name)
-    changes, version = [], None
-    deployed = states.get("deploy") == "success"
-    if deployed:
-        version = reg.active_version()
-        cur = reg.get(version)
-        prev = reg.lineage(version).get("previous")
-        changes = cur.diff(reg.get(prev) if prev else None)
+    dep = _read_opt(folder, "deploy.json") if states.get("deploy") == "success" else {}
+    switch = _read_opt(folder, "switch.json") if dep else {}
+    version = dep.get("version")
+    changes = []
+    if version is not None:
+        prev = dep.get("previous")
+        changes = reg.get(version).diff(reg.get(prev) if prev is not None else None)
     failed = [t for t, s in states.items() if s in ("failed", "upstream_failed")]
-    status = ("failed" if failed else "deployed" if deployed else
-              "no_change" if gates.get("plan") == "no_change" else "dry_run" if cfg.dry_run else "skipped")
-    plan_gate = _read(fsutil.join(folder, "gate_plan.json")) if fsutil.exists(fsutil.join(folder, "gate_plan.json")) else {}
+    if switch.get("outcome") == "rolled_back":
+        status = "rolled_back"
+    elif failed:
+        status = "failed"
+    elif version is not None:
+        status = "deployed"
+    else:
+        status = ("no_change" if gates.get("plan") == "no_change" else "dry_run" if cfg.dry_run else "skipped")
+    plan_gate = _read_opt(folder, "gate_plan.json")
     outcome = {"query": query.name, "run_id": cfg.run_id, "run_type": cfg.run_type, "namespace": cfg.namespace,
-               "interval_start": ctx["start"], "interval_end": ctx["end"], "status": status, "strategy": cfg.strategy,
-               "version": version if deployed else reg.active_version(), "deployed": deployed,
-               "estimated_gain": (plan_gate.get("details") or {}).get("improvement"),
+               "mode": cfg.mode, "interval_start": ctx["start"], "interval_end": ctx["end"], "status": status,
+               "strategy": cfg.strategy, "version": version, "previous": dep.get("previous"),
+               "active_version": reg.active_version(), "deployed": status == "deployed",
+               "switch": switch or None, "estimated_gain": (plan_gate.get("details") or {}).get("improvement"),
+               "threshold": (plan_gate.get("details") or {}).get("threshold", cfg.improvement_threshold),
                "gates": gates, "changes": changes, "failed_tasks": failed, "tasks": states,
                "recorded_at": iso(datetime.now(timezone.utc))}
     _write(fsutil.join(folder, "outcome.json"), outcome)
-    log_path = fsutil.join(cfg.lake_.reports(query.name), OUTCOMES)
-    old = fsutil.read_text(log_path) if fsutil.exists(log_path) else ""
-    lines = [l for l in old.splitlines() if l.strip() and json.loads(l).get("interval_end") != ctx["end"]]
-    fsutil.atomic_write_text(log_path, "\n".join(lines + [json.dumps(outcome, default=str)]) + "\n")
-    log.info("outcome %s: %s%s", ctx["end"], status, f" (v{version})" if deployed else "")
+    log.info("outcome %s: %s%s (active v%s)", ctx["end"], status, f" v{version}" if version is not None else "",
+             outcome["active_version"])
     return outcome

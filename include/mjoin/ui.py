@@ -2,8 +2,9 @@
 
 Pure rendering over files (no Airflow import): what queries have plans, which
 version is active, each version's lineage, the recent re-optimization
-outcomes (``<lake>/reports/<query>/outcomes.jsonl``, written by the DAG's
-record step) and the evaluation reports (``<lake>/reports/<query>/*.html``).
+outcomes (``<lake>/reports/<query>/runs/<interval end>/outcome.json``, one per
+run, written by the DAG's record step) and the evaluation reports
+(``<lake>/reports/<query>/*.html``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from . import fsutil
 from .lake import Lake
 from .registry import PlanRegistry
 
-OUTCOMES = "outcomes.jsonl"
+OUTCOME = "outcome.json"
 
 
 def _lake(lake: Lake | None) -> Lake:
@@ -31,11 +32,20 @@ def queries_with_plans(lake: Lake | None = None) -> list[str]:
 
 
 def read_outcomes(lake: Lake, query: str, limit: int | None = None) -> list[dict]:
-    path = fsutil.join(lake.reports(query), OUTCOMES)
-    if not fsutil.exists(path):
-        return []
-    rows = [json.loads(line) for line in fsutil.read_text(path).splitlines() if line.strip()]
-    return rows[-limit:] if limit else rows
+    """The re-optimization outcomes, oldest interval first (the last ``limit`` ones).
+
+    One file per run (``runs/<YYYYmmddTHHMMSSZ>/outcome.json``, written atomically), so two
+    runs recording at once never lose each other's outcome; folder names sort by time."""
+    root = fsutil.join(lake.reports(query), "runs")
+    stamps = [n for n in fsutil.listdir(root) if not n.startswith(".")]
+    rows = []
+    for stamp in reversed(stamps):
+        if limit and len(rows) >= limit:
+            break
+        path = fsutil.join(root, stamp, OUTCOME)
+        if fsutil.exists(path):
+            rows.append(json.loads(fsutil.read_text(path)))
+    return sorted(rows, key=lambda r: (r.get("interval_end") or "", r.get("recorded_at") or ""))
 
 
 def registry_json(lake: Lake | None = None) -> dict:
@@ -93,7 +103,8 @@ def registry_page(lake: Lake | None = None) -> str:
                                                                     "estimated_cost", "run"]))
         if info["outcomes"]:
             parts.append("<h3>recent re-optimizations</h3>" + _table(list(reversed(info["outcomes"])), [
-                "interval_end", "status", "strategy", "version", "estimated_gain", "gates", "changes"]))
+                "interval_end", "status", "strategy", "version", "active_version", "estimated_gain", "threshold", "gates",
+                "changes"]))
     style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
              "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#eee}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>mjoin</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"

@@ -1,0 +1,357 @@
+"""The re-optimization steps outside Airflow: params and gate thresholds, dry run and no change,
+outcomes, and the continuous-mode deploy -> await_switch against a real streaming join job
+(the shared local SparkSession, a real lake, the real registry and job control files)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import threading
+import time
+
+import pytest
+
+from mjoin import fsutil
+from mjoin.gates import GateConfig, GateConfigError
+from mjoin.lake import Lake
+from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.registry import PlanRegistry
+from mjoin.reoptimize import LoopConfig, NoChange, StepFailed, await_switch, check_plan, deploy, optimize, record
+
+QUERY = "tpcds_returns_by_address"
+T_END = "2026-01-01T00:05:00Z"
+
+
+def ctx_for(tmp, name: str, cfg: LoopConfig) -> dict:
+    folder = os.path.join(str(tmp), "runs", name)
+    os.makedirs(folder, exist_ok=True)
+    return {"query": QUERY, "start": "2026-01-01T00:04:00Z", "end": T_END, "run_dir": folder,
+            "namespace": cfg.namespace, "lake": cfg.lake, "mode": cfg.mode}
+
+
+def write_candidate(query, ctx: dict, perm) -> None:
+    make_plan(query, orders_from_permutation(query, perm), "fixed").save(os.path.join(ctx["run_dir"], "candidate_plan.json"))
+
+
+# ---- params: gates, thresholds, backfill ---------------------------------------------------------
+
+def test_one_improvement_threshold_gates_wins_and_default_comes_from_gate_config(tmp_path):
+    base = {"query": QUERY, "lake": str(tmp_path)}
+    assert LoopConfig.from_params(base).improvement_threshold == GateConfig().improvement_threshold
+    assert LoopConfig.from_params({**base, "improvement_threshold": 0.2}).gate_config().improvement_threshold == 0.2
+    both = LoopConfig.from_params({**base, "improvement_threshold": 0.2, "gates": {"improvement_threshold": 0.4}})
+    assert both.improvement_threshold == 0.4 and both.gate_config().improvement_threshold == 0.4
+    other = LoopConfig.from_params({**base, "gates": {"min_history": 3, "null_key_fraction_max": "0.3"}})
+    assert other.gate_config().min_history == 3 and other.gate_config().null_key_fraction_max == 0.3
+
+
+def test_unknown_or_bad_gate_settings_are_rejected_with_a_clear_message(tmp_path):
+    base = {"query": QUERY, "lake": str(tmp_path)}
+    with pytest.raises(GateConfigError, match="unknown gate setting.*null_fraction.*known: null_key_fraction_max"):
+        LoopConfig.from_params({**base, "gates": {"null_fraction": 0.2}})
+    with pytest.raises(GateConfigError, match="min_history"):
+        LoopConfig.from_params({**base, "gates": {"min_history": "many"}})
+    with pytest.raises(GateConfigError, match="improvement_threshold"):
+        LoopConfig.from_params({**base, "improvement_threshold": 1.5})
+    with pytest.raises(ValueError, match="gates must be an object"):
+        LoopConfig.from_params({**base, "gates": [1, 2]})
+
+
+def test_dag_param_lists_match_the_library():
+    from mjoin import evaluate
+    from mjoin.dag_params import EVAL_STRATEGY_NAMES, GATE_KEYS, REOPTIMIZE_PARAMS, STRATEGY_NAMES
+    from mjoin.optimize import STRATEGIES
+
+    assert list(GATE_KEYS) == GateConfig.keys()
+    assert list(STRATEGY_NAMES) == list(STRATEGIES)
+    assert list(EVAL_STRATEGY_NAMES) == list(evaluate.STRATEGIES)
+    default, *_ = REOPTIMIZE_PARAMS["improvement_threshold"]
+    assert default is None  # the value lives in GateConfig only
+
+
+def test_backfill_forces_cycle_mode_in_the_evaluation_namespace(tmp_path):
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": str(tmp_path), "mode": "continuous"}, run_type="backfill")
+    assert (cfg.mode, cfg.namespace) == ("cycle", "eval/backfill")
+    live = LoopConfig.from_params({"query": QUERY, "lake": str(tmp_path), "mode": "continuous"}, run_type="scheduled")
+    assert (live.mode, live.namespace) == ("continuous", "")
+
+
+def test_spark_env_puts_spark_submit_first_on_path(monkeypatch):
+    from mjoin.dag_params import spark_env
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    env = spark_env()
+    first = env["PATH"].split(os.pathsep)[0]
+    assert os.access(os.path.join(first, "spark-submit"), os.X_OK), env
+    assert env["PATH"].endswith("/usr/bin:/bin")
+
+
+# ---- optimize -> plan gate -> deploy: no change, dry run, thresholds ----------------------------------
+
+@pytest.fixture
+def optimized(tmp_path, seed_query):
+    """A run folder with a forecast and the exact optimizer's candidate (no Spark)."""
+    from mjoin.optimizers.synthetic import random_statistics
+
+    def make(name: str, **params):
+        cfg = LoopConfig.from_params({"query": QUERY, "lake": str(tmp_path / "lake"), **params}, run_id=f"manual__{name}")
+        ctx = ctx_for(tmp_path, name, cfg)
+        random_statistics(seed_query, random.Random(11)).save(os.path.join(ctx["run_dir"], "forecast.json"))
+        optimize(cfg, ctx)
+        return cfg, ctx
+
+    return make
+
+
+def test_dry_run_optimizes_and_gates_but_does_not_deploy(optimized):
+    cfg, ctx = optimized("dry", dry_run=True)
+    gate = check_plan(cfg, ctx)
+    assert gate["status"] == "passed" and gate["active_version"] is None  # first plan: would deploy
+    with pytest.raises(NoChange, match="dry run"):
+        deploy(cfg, ctx, gate)
+    reg = PlanRegistry(cfg.lake_, QUERY)
+    assert reg.versions() == [] and reg.active_version() is None
+    out = record(cfg, ctx, {"check_plan": "success", "deploy": "skipped", "await_switch": "skipped"})
+    assert (out["status"], out["version"], out["deployed"], out["gates"]["plan"]) == ("dry_run", None, False, "passed")
+
+
+def test_no_change_uses_and_prints_the_threshold_of_the_gates_param(optimized):
+    cfg, ctx = optimized("first")
+    deploy(cfg, ctx, check_plan(cfg, ctx))  # v1 active
+    # the same forecast again: the candidate equals v1 (improvement 0) -> below any positive threshold
+    cfg2, ctx2 = optimized("again", improvement_threshold=0.01, gates={"improvement_threshold": 0.37})
+    gate = check_plan(cfg2, ctx2)
+    assert gate["status"] == "no_change" and gate["threshold"] == 0.37 and gate["active_version"] == 1
+    with pytest.raises(NoChange, match=r"threshold 37\.0% \(estimated improvement 0\.0%\)"):
+        deploy(cfg2, ctx2, gate)
+    out = record(cfg2, ctx2, {"check_plan": "success", "deploy": "skipped", "await_switch": "skipped"})
+    assert (out["status"], out["version"], out["active_version"], out["threshold"]) == ("no_change", None, 1, 0.37)
+
+
+# ---- outcomes: one file per run, concurrent recorders ------------------------------------------
+
+def _record_many(lake_root: str, k: int, n: int) -> None:
+    cfg = LoopConfig(query=QUERY, lake=lake_root, run_id=f"r{k}")
+    for i in range(n):
+        end = f"2026-01-01T{k:02d}:{i:02d}:00Z"
+        folder = fsutil.join(cfg.lake_.reports(QUERY), "runs", f"2026010{1}T{k:02d}{i:02d}00Z")
+        fsutil.makedirs(folder)
+        record(cfg, {"start": end, "end": end, "run_dir": folder}, {"deploy": "skipped"})
+
+
+def test_two_runs_recording_at_once_lose_no_outcome(tmp_path):
+    from mjoin.ui import read_outcomes
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_record_many, args=(str(tmp_path), k, 12)) for k in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    rows = read_outcomes(Lake(str(tmp_path)), QUERY)
+    assert len(rows) == 24 and {r["run_id"] for r in rows} == {"r1", "r2"}
+    assert [r["interval_end"] for r in rows] == sorted(r["interval_end"] for r in rows)
+    assert [r["interval_end"] for r in read_outcomes(Lake(str(tmp_path)), QUERY, limit=3)] == \
+        [r["interval_end"] for r in rows[-3:]]
+
+
+# ---- continuous mode: deploy -> await_switch ---------------------------------------------------------
+
+def continuous_cfg(lake_root, name: str, timeout: float) -> LoopConfig:
+    return LoopConfig(query=QUERY, lake=str(lake_root), mode="continuous", deploy_timeout=timeout, run_id=f"test__{name}")
+
+
+def test_await_switch_fails_fast_when_no_job_runs(tmp_path, seed_query):
+    cfg = continuous_cfg(tmp_path / "lake", "never", timeout=120)
+    ctx = ctx_for(tmp_path, "never", cfg)
+    write_candidate(seed_query, ctx, ["cu", "sr", "wr", "cr"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": None})
+    t0 = time.monotonic()
+    with pytest.raises(StepFailed, match=r"not running \(never started\).*v1 stays active"):
+        await_switch(cfg, ctx, deployed, poll=0.2)
+    assert time.monotonic() - t0 < 10  # not the whole timeout
+    assert PlanRegistry(cfg.lake_, QUERY).active_version() == 1
+    assert json.loads(open(os.path.join(ctx["run_dir"], "switch.json")).read())["outcome"] == "not_running"
+
+
+class RunningJob:
+    """The streaming join job in a thread of this process, and a stage of arrival cycles to land."""
+
+    def __init__(self, spark, query, root):
+        from engine_helpers import TPCDS_TABLES, replay_tpcds
+
+        self.spark, self.query = spark, query
+        self.stage = Lake(str(root / "stage"))
+        replay_tpcds(self.stage, 0.01)
+        self.tables = TPCDS_TABLES
+        self.arrivals = sorted({a for t in TPCDS_TABLES for a in self.stage.arrivals(t)})
+        self.lake = Lake(str(root / "lake"))
+        self.next = 0
+        self.errors: list = []
+        self.thread = None
+
+    def land(self, n: int = 1) -> None:
+        for a in self.arrivals[self.next:self.next + n]:
+            for t in self.tables:
+                for f in self.stage.stream_files(t, a, a + 1):
+                    dst = self.lake.stream_file(t, a)
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    shutil.copy2(f, dst + ".tmp")
+                    os.replace(dst + ".tmp", dst)  # the file source never sees a half-written file
+        self.next += n
+
+    def start(self) -> None:
+        from mjoin.engine import run_stream
+
+        def run():
+            try:
+                run_stream(self.spark, self.query, self.lake, trigger="processingTime", interval=1.0)
+            except Exception as exc:  # reported by the fixture
+                self.errors.append(exc)
+
+        self.thread = threading.Thread(target=run, name="join-job", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> dict:
+        from mjoin.engine.control import JobControl
+
+        control = JobControl(self.lake, self.query.name)
+        control.request_stop(by="test", reason="end of test")
+        st = control.wait_stopped(timeout=120)
+        self.thread.join(timeout=120)
+        return st
+
+
+@pytest.fixture(scope="module")
+def job(spark, seed_query, tmp_path_factory):
+    from mjoin.engine import read_metrics
+    from mjoin.engine.control import JobControl
+
+    j = RunningJob(spark, seed_query, tmp_path_factory.mktemp("continuous"))
+    j.land(2)
+    j.start()
+    try:
+        assert JobControl(j.lake, seed_query.name).wait_running(timeout=120)["running"], j.errors
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not fsutil.listdir(j.lake.metrics(seed_query.name)):
+            time.sleep(0.5)
+        assert read_metrics(j.lake, seed_query.name), "the job ran no batch"
+        yield j
+    finally:
+        if j.thread.is_alive():
+            j.stop()
+        for q in spark.streams.active:  # never leak a query into other tests
+            q.stop()
+    assert not j.errors, j.errors
+
+
+def settle(job, quiet: float = 4.0, timeout: float = 120.0) -> None:
+    """Wait until the job has processed everything landed (no new batch for ``quiet`` seconds)."""
+    from mjoin.engine.control import JobControl
+
+    control = JobControl(job.lake, QUERY)
+    last, since, deadline = None, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = control.status().get("last_batch_id")
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.5)
+    raise AssertionError("the job kept running batches")
+
+
+def land_while_waiting(job, n: int, delay: float = 1.0):
+    t = threading.Timer(delay, job.land, args=(n,))
+    t.start()
+    return t
+
+
+def test_await_switch_returns_once_a_batch_runs_the_new_version(job, tmp_path, seed_query):
+    cfg = continuous_cfg(job.lake.root, "switch", timeout=120)
+    ctx = ctx_for(tmp_path, "switch", cfg)
+    write_candidate(seed_query, ctx, ["cr", "wr", "sr", "cu"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": None})
+    assert deployed["version"] == 1 and deployed["job"]["running"] and deployed["job"]["last_batch_id"] is not None
+    timer = land_while_waiting(job, 1)
+    out = await_switch(cfg, ctx, deployed, poll=0.5)
+    timer.join()
+    assert out["outcome"] == "switched" and out["version"] == 1 and out["batch_id"] > deployed["job"]["last_batch_id"]
+    from mjoin.engine import read_metrics
+
+    rec = next(m for m in read_metrics(job.lake, QUERY) if m["batch_id"] == out["batch_id"])
+    assert rec["plan_version"] == 1 and rec["plan_switch"]["to"] == 1
+    outcome = record(cfg, ctx, {"deploy": "success", "await_switch": "success"})
+    assert (outcome["status"], outcome["version"], outcome["active_version"]) == ("deployed", 1, 1)
+
+
+def test_await_switch_times_out_rolls_back_and_record_says_rolled_back(job, tmp_path, seed_query):
+    """No data lands, so no batch runs the new version: roll back after the timeout, fail loudly."""
+    settle(job)
+    cfg = continuous_cfg(job.lake.root, "timeout", timeout=4)
+    ctx = ctx_for(tmp_path, "timeout", cfg)
+    write_candidate(seed_query, ctx, ["sr", "cu", "wr", "cr"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": 1})
+    assert deployed["version"] == 2
+    t0 = time.monotonic()
+    with pytest.raises(StepFailed, match=r"did not switch to v2 within 4 s.*rolled back to v1"):
+        await_switch(cfg, ctx, deployed, poll=0.5)
+    assert 4 <= time.monotonic() - t0 < 30
+    reg = PlanRegistry(job.lake, QUERY)
+    assert reg.active_version() == 1 and reg.activations()[-1]["action"] == "rollback"
+    outcome = record(cfg, ctx, {"deploy": "success", "await_switch": "failed"})
+    assert (outcome["status"], outcome["version"], outcome["previous"], outcome["active_version"]) == \
+        ("rolled_back", 2, 1, 1)
+    assert outcome["deployed"] is False and outcome["switch"]["rolled_back_to"] == 1
+    assert outcome["changes"] == reg.get(2).diff(reg.get(1)) and outcome["changes"]
+
+
+def test_await_switch_rolls_back_when_the_job_cannot_load_the_new_plan(job, tmp_path, seed_query):
+    cfg = continuous_cfg(job.lake.root, "plan_error", timeout=120)
+    ctx = ctx_for(tmp_path, "plan_error", cfg)
+    write_candidate(seed_query, ctx, ["wr", "cr", "cu", "sr"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": 1})
+    v = deployed["version"]
+    reg = PlanRegistry(job.lake, QUERY)
+    with open(os.path.join(reg.root, f"v{v:06d}.json"), "w") as f:
+        f.write('{"query": "broken')  # the version file is damaged after publishing
+    timer = land_while_waiting(job, 1)
+    t0 = time.monotonic()
+    with pytest.raises(StepFailed, match=rf"cannot run v{v} .*rolled back to v1"):
+        await_switch(cfg, ctx, deployed, poll=0.5)
+    timer.join()
+    assert time.monotonic() - t0 < 90 and reg.active_version() == 1
+    assert json.loads(open(os.path.join(ctx["run_dir"], "switch.json")).read())["reason"] == "plan_error"
+
+
+def test_await_switch_never_undoes_a_manual_activation_made_meanwhile(job, tmp_path, seed_query):
+    settle(job)
+    cfg = continuous_cfg(job.lake.root, "manual", timeout=5)
+    ctx = ctx_for(tmp_path, "manual", cfg)
+    write_candidate(seed_query, ctx, ["cu", "wr", "sr", "cr"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": 1})
+    reg = PlanRegistry(job.lake, QUERY)
+    operator = threading.Timer(1.0, reg.activate, args=(2,), kwargs={"by": "operator", "reason": "manual"})
+    operator.start()
+    with pytest.raises(StepFailed, match=rf"did not switch to v{deployed['version']}.*not rolled back: the active "
+                                         r"version is v2"):
+        await_switch(cfg, ctx, deployed, poll=0.5)
+    operator.join()
+    assert reg.active_version() == 2 and reg.activations()[-1]["by"] == "operator"
+
+
+def test_await_switch_fails_fast_when_the_job_has_stopped(job, tmp_path, seed_query):
+    st = job.stop()
+    assert not st["running"] and st["state"] == "stopped"
+    cfg = continuous_cfg(job.lake.root, "stopped", timeout=120)
+    ctx = ctx_for(tmp_path, "stopped", cfg)
+    write_candidate(seed_query, ctx, ["cr", "sr", "wr", "cu"])
+    deployed = deploy(cfg, ctx, {"status": "passed", "active_version": 2})
+    t0 = time.monotonic()
+    with pytest.raises(StepFailed, match=r"not running \(stopped"):
+        await_switch(cfg, ctx, deployed, poll=0.5)
+    assert time.monotonic() - t0 < 10
+    assert PlanRegistry(job.lake, QUERY).active_version() == deployed["version"]
