@@ -275,20 +275,27 @@ def forecast_vs_actual(query, k: int, t, fc, lv, oracle) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (initial order, strategy): totals over intervals and the regret against the oracle."""
+    """Per (initial order, strategy): totals over intervals and the regret against the oracle.
+
+    ``regret_work``: measured probe work minus the oracle plan's, summed over intervals (can be
+    negative: the cost model is a model, so a plan it ranks worse may measure a little less);
+    ``regret_estimated``: the plan's cost minus the oracle plan's, both under the interval's own
+    measured statistics (Eq. 1-8; >= 0 because the oracle is the exact optimum of that cost)."""
     oracle = {(r["initial_order"], r["interval"]): r for r in rows if r["strategy"] == "oracle"}
     acc: dict = {}
     for r in rows:
         a = acc.setdefault((r["initial_order"], r["strategy"]), {
             "initial_order": r["initial_order"], "strategy": r["strategy"], "intervals": 0, "batch_seconds": 0.0,
-            "probe_seconds": 0.0, "probe_work": 0, "lookups": 0, "matches": 0, "regret_work": 0, "plan_changes": 0,
-            "_last": None})
+            "probe_seconds": 0.0, "probe_work": 0, "lookups": 0, "matches": 0, "regret_work": 0,
+            "regret_estimated": 0.0, "plan_changes": 0, "_last": None})
         a["intervals"] += 1
         for f in ("batch_seconds", "probe_seconds", "probe_work", "lookups", "matches"):
             a[f] += r[f]
         o = oracle.get((r["initial_order"], r["interval"]))
         if o is not None:
             a["regret_work"] += r["probe_work"] - o["probe_work"]
+            if r.get("estimated_cost_oracle") is not None and o.get("estimated_cost_oracle") is not None:
+                a["regret_estimated"] += r["estimated_cost_oracle"] - o["estimated_cost_oracle"]
         sig = json.dumps(r["orders"], sort_keys=True)
         if a["_last"] is not None and sig != a["_last"]:
             a["plan_changes"] += 1

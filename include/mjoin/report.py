@@ -164,10 +164,13 @@ def _html(result, table, plots) -> str:
              f"to {html.escape(str(cfg.get('end')))}; statistics cycle {cfg.get('cycle')} s, L = {cfg.get('length')}; "
              f"evaluated in {result.seconds:.1f} s. Cost = probe work (lookups + matches of the engine, deterministic); "
              "engine seconds shown beside it. Plans only use statistics from before each interval, "
-             "except the hindsight <b>oracle</b> (exact DP on the interval's own statistics).</p>",
+             "except the hindsight <b>oracle</b> (exact DP on the interval's own statistics). "
+             "regret_work = measured probe work minus the oracle's (may be slightly negative: the cost "
+             "model is a model); regret_estimated = cost minus the oracle's under the interval's own "
+             "statistics (never negative).</p>",
              "<h2>Summary</h2>",
              _table_html(result.summary, ["initial_order", "strategy", "intervals", "probe_work", "regret_work",
-                                          "lookups", "matches", "probe_seconds", "batch_seconds", "plan_changes"])]
+                                          "regret_estimated", "lookups", "matches", "probe_seconds", "batch_seconds", "plan_changes"])]
     for p in plots:
         parts.append(f'<h2>{html.escape(p[:-4].replace("_", " "))}</h2><img src="{p}" style="max-width:100%">')
     if len(table):
