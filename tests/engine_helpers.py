@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from mjoin.lake import Lake
 
@@ -77,6 +78,21 @@ def write_stream_file(lake: Lake, source: str, arrival: int, table: pa.Table, pa
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(table, path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_queries():
+    """Autouse where imported: after each test, stop any streaming query still active in the shared
+    SparkSession (a leaked query would keep running batches and break the next test), then fail
+    the test that leaked it."""
+    yield
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    leaked = [q.name for q in session.streams.active] if session is not None else []
+    for q in session.streams.active if leaked else ():
+        q.stop()
+    assert not leaked, f"streaming queries left running: {leaked}"
 
 
 # ---- the reference -------------------------------------------------------------------------

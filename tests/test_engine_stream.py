@@ -1,27 +1,30 @@
 """Streaming mode: hot plan switches between batches, idempotent re-runs, a crash mid-batch."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from engine_helpers import TPCDS_TABLES, assert_same_results, multiset, reference, replay_tpcds
-from mjoin import fsutil
+from engine_helpers import TPCDS_TABLES, assert_same_results, multiset, no_leaked_queries, reference, replay_tpcds
 from mjoin.engine import EngineConfig, committed_batches, read_metrics, read_results, run_stream
 from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from mjoin.engine.control import JobControl
 from mjoin.engine.inputs import compile_plan
+from mjoin.engine.state import StateStore
 from mjoin.lake import Lake
 from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.registry import PlanRegistry
 
 pytestmark = pytest.mark.spark
 PROJECT = Path(__file__).resolve().parent.parent
+_ = no_leaked_queries  # autouse fixture: no streaming query outlives its test
 
 
 @pytest.fixture(scope="module")
@@ -137,43 +140,143 @@ def test_rerun_of_a_batch_replaces_its_output(spark, staged, seed_query, tmp_pat
         runner.run(3, BatchInput(deltas=deltas), plan_a, purge_bound=None)
 
 
-def _submit(lake: Lake, *extra, env=None):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
-           "--conf", "spark.ui.enabled=false", "--driver-memory", "1g",
-           str(PROJECT / "jobs" / "join.py"), "--stream", "--query", "tpcds_returns_by_address",
-           "--lake", lake.root, "--buckets", "4", "--max-files-per-trigger", "24", "--json", *extra]
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT / "include")] + [p for p in os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep) if p]), MJOIN_SHUFFLE_PARTITIONS="2", **(env or {}))
-    return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+def _env(**extra):
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT / "include")] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]), MJOIN_SHUFFLE_PARTITIONS="2", MJOIN_SPARK_MASTER="local[2]",
+        **extra)
+
+
+STREAM_ARGS = ["--stream", "--query", "tpcds_returns_by_address", "--buckets", "4", "--max-files-per-trigger", "8"]
+
+
+def _start_job(lake: Lake, log: Path, *extra, spark_submit: bool = True) -> subprocess.Popen:
+    """The streaming job as an OS process of its own (own session: killable as a group)."""
+    if spark_submit:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
+               "--conf", "spark.ui.enabled=false", "--driver-memory", "1g", str(PROJECT / "jobs" / "join.py")]
+    else:
+        cmd = [sys.executable, "-m", "mjoin", "run"]
+    with open(log, "w") as fh:
+        return subprocess.Popen(cmd + STREAM_ARGS + ["--lake", lake.root, *extra], stdout=fh, stderr=subprocess.STDOUT,
+                                env=_env(), start_new_session=True)
+
+
+def _wait_for_pause(control: JobControl, proc: subprocess.Popen, log: Path, batch: int, point: str) -> dict:
+    """Wait until the job reports it is paused at ``point`` of ``batch`` (fault injection)."""
+    deadline = time.monotonic() + 480
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the job ended ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        st = control.status()
+        pause = st.get("fault_pause") or {}
+        if st["running"] and (pause.get("batch_id"), pause.get("point")) == (batch, point):
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"the job never paused {point} of batch {batch}:\n{log.read_text()[-3000:]}")
+
+
+def _kill_9(proc: subprocess.Popen) -> None:
+    """SIGKILL the job's whole process tree: spark-submit's JVM, the Python driver, and PySpark's
+    worker daemon with its workers (the daemon runs in a process group of its own)."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    tree = [root] + root.children(recursive=True)
+    assert len(tree) >= 3, [p.name() for p in tree]  # JVM or launcher, driver, workers
+    os.killpg(proc.pid, signal.SIGKILL)
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive, alive
+    proc.wait(60)
+
+
+def _state_files(lake: Lake, query: str, version: int) -> set:
+    root = Path(lake.state(query))
+    return {str(p.relative_to(root)) for p in (root / f"v{version:08d}").rglob("*.arrow")}
+
+
+def _referenced(lake: Lake, query: str) -> set:
+    store = StateStore(lake.state(query))
+    return {f for v in store.versions() for e in store.manifest(v)["files"].values() for f in e["files"]}
 
 
 @pytest.mark.slow
-def test_crash_mid_batch_then_restart_gives_the_same_result(spark, staged, seed_query, tmp_path):
-    """spark-submit the streaming job; it dies (os._exit) in batch 1 after writing that batch's state
-    and result files, before the commit. The restart (another plan) re-runs batch 1 only."""
+def test_killed_mid_batch_then_restarted_gives_the_same_result(spark, staged, seed_query, tmp_path):
+    """The streaming job runs as its own OS process and is killed with SIGKILL (whole process tree)
+    twice: in batch 2 after its tasks wrote state and result files but before the commit, then
+    (restarted through `python -m mjoin run`, with another plan) after batch 3's commit but before
+    Spark recorded it. Each restart starts at once; the last (in-process) finishes the data. The
+    result equals DuckDB's as a multiset, no duplicates, no gaps, and the killed batches' files
+    never reach results or state."""
     stage, info, arrivals = staged
+    q = seed_query.name
     lake = Lake(str(tmp_path / "lake"))
-    land(stage, lake, arrivals[:12])  # 48 files: batches of 24 files = 6 whole arrival cycles
-    crashed = _submit(lake, "--inject-fault", "crash_before_commit:1")
-    assert crashed.returncode == 17, crashed.stderr[-3000:]
-    # batch 1 wrote its state and result files, but is not committed
-    results = lake.results(seed_query.name)
-    assert any(n.endswith(".parquet") for n in fsutil.listdir(fsutil.join(results, "batch=1")))
-    assert committed_batches(lake, seed_query.name) == [0]
-    state_versions = sorted(n for n in os.listdir(lake.state(seed_query.name)) if n.startswith("v"))
-    assert "v00000001" in state_versions
-    assert not os.path.exists(os.path.join(lake.state(seed_query.name), "manifests", "v00000001.json"))
+    land(stage, lake, arrivals[:12])  # 48 files, 8 per batch: batches 0..5
+    control = JobControl(lake, q)
+    ckpt = Path(lake.checkpoints(q))
 
+    # 1. killed inside batch 2: its files are written, its commit is not
+    log1 = tmp_path / "job1.log"
+    job = _start_job(lake, log1, "--inject-fault", "pause_before_commit:2:600")
+    try:
+        st = _wait_for_pause(control, job, log1, 2, "before_commit")
+        assert st["batch_in_progress"] == 2 and st["last_batch_id"] == 1
+        _kill_9(job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    batch2 = Path(lake.results(q)) / "batch=2"
+    assert any(batch2.glob("*.parquet")) and not (batch2 / "_SUCCESS").exists()
+    assert committed_batches(lake, q) == [0, 1] and StateStore(lake.state(q)).versions() == [0, 1]
+    orphans = _state_files(lake, q, 2)
+    assert orphans, "the killed batch wrote state files"
+    st = control.status()
+    assert (st["state"], st["running"]) == ("dead", False) and "in batch 2" in st["note"]
+
+    # 2. restarted at once (python -m mjoin run, another plan); killed after batch 3's commit
     plan = tmp_path / "other.json"
     _plan(seed_query, ["cr", "wr", "sr", "cu"]).save(plan)
-    s = run_stream(spark, seed_query, lake, plan=str(plan), config=EngineConfig(buckets=4, max_files_per_trigger=24))
-    assert s.batches == [1], "the restart re-runs the interrupted batch and only it"
-    assert [(w["from_source"], w["to_source"]) for w in s.plan_switches] == [("default", "cli")]
-    assert committed_batches(lake, seed_query.name) == [0, 1]
-    res = read_results(lake, seed_query.name)
+    log2 = tmp_path / "job2.log"
+    job = _start_job(lake, log2, "--plan", str(plan), "--inject-fault", "pause_after_commit:3:600", spark_submit=False)
+    try:
+        _wait_for_pause(control, job, log2, 3, "after_commit")
+        _kill_9(job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert "already running" not in log2.read_text()
+    assert committed_batches(lake, q) == [0, 1, 2, 3]
+    assert (ckpt / "offsets" / "3").exists() and not (ckpt / "commits" / "3").exists()  # Spark re-runs 3
+    first_run_of_3 = _state_files(lake, q, 3)
+    assert orphans.isdisjoint(_referenced(lake, q))
+
+    # 3. restarted in-process: batch 3 again (replaced), then the rest
+    s = run_stream(spark, seed_query, lake, plan=str(plan), config=EngineConfig(buckets=4, max_files_per_trigger=8))
+    assert s.batches == [3, 4, 5]
+    assert control.status()["state"] == "stopped"
+    assert committed_batches(lake, q) == [0, 1, 2, 3, 4, 5]
+    res = read_results(lake, q)
     ref = reference(seed_query, lake)
-    assert_same_results(res, ref, "after crash and restart")
+    assert len(ref) > 200
+    assert_same_results(res, ref, "after two kills and restarts")
     assert max(multiset(res).values()) == 1
-    records = read_metrics(lake, seed_query.name)
-    assert [r["batch_id"] for r in records] == [0, 1]
+    records = read_metrics(lake, q)
+    assert [r["batch_id"] for r in records] == [0, 1, 2, 3, 4, 5]
     assert sum(r["result_rows"] for r in records) == len(ref)
+    assert [r["plan_source"] for r in records] == ["default"] * 2 + ["cli"] * 4
+    assert [bool(r["plan_switch"]) for r in records] == [False, False, True, False, False, False]
+    landed = sum(pq.read_metadata(f).num_rows for f in lake.stream_files("store_returns"))
+    null_keys = sum(r["quarantined"]["sr"]["null_key"] for r in records)
+    assert sum(r["rows_in"]["sr"] for r in records) + null_keys == landed
+    quarantined = Path(lake.quarantine(q, "sr")) / "rows"
+    assert sum(pq.read_metadata(f).num_rows for f in quarantined.rglob("*.parquet")) == null_keys
+    # the killed runs' state files are in no manifest; those of batch 2 (older than every kept
+    # version) are deleted, those of the first batch 3 wait for their version to age out
+    referenced = _referenced(lake, q)
+    assert orphans.isdisjoint(referenced) and first_run_of_3.isdisjoint(referenced)
+    assert not any((Path(lake.state(q)) / f).exists() for f in orphans)
+    assert all((Path(lake.state(q)) / f).exists() for f in referenced)
+    assert not list((Path(lake.state(q)) / "tmp").rglob("*.parquet"))

@@ -8,6 +8,33 @@ class EngineError(ValueError):
     """An engine run that cannot proceed for a reason the user can fix (named in the message)."""
 
 
+#: testing only, what ``EngineConfig.fault`` can ask (``<kind>:<batch>[:<seconds>]``):
+FAULTS = {
+    # end the process (os._exit(17)) after the batch's tasks wrote its state and result files,
+    # before its commit (the state manifest)
+    "crash_before_commit": False,
+    # streaming only: sleep after the batch's tasks wrote its files, before its commit: a window
+    # in which a test kills the job from outside (the status file reports ``fault_pause``)
+    "pause_before_commit": True,
+    # streaming only: sleep after the batch's commit, before Spark records it in its checkpoint: a killed
+    # job then re-runs a batch whose outputs are already committed
+    "pause_after_commit": True,
+}
+
+
+def parse_fault(text: str) -> tuple[str, int, float]:
+    """``(kind, batch, seconds)`` of a fault injection spec; :class:`EngineError` if malformed."""
+    parts = str(text).split(":")
+    kind = parts[0]
+    if kind not in FAULTS or len(parts) != (3 if FAULTS[kind] else 2):
+        raise EngineError(f"bad fault {text!r}: expected one of " + ", ".join(
+            f"{k}:<batch>" + (":<seconds>" if v else "") for k, v in FAULTS.items()))
+    try:
+        return kind, int(parts[1]), float(parts[2]) if FAULTS[kind] else 0.0
+    except ValueError:
+        raise EngineError(f"bad fault {text!r}: batch must be an integer, seconds a number") from None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     #: key buckets per attribute class: the unit of state files and of per-task work.
@@ -26,8 +53,8 @@ class EngineConfig:
     prefilter_accounting: bool = True
     #: streaming: at most this many landed files per micro-batch (None: all available)
     max_files_per_trigger: int | None = None
-    #: testing only: "crash_before_commit:<batch>" ends the process (os._exit) after the
-    #: batch's state and result files are written, before its commit
+    #: testing only (fault injection, see :data:`FAULTS`): "crash_before_commit:<batch>",
+    #: "pause_before_commit:<batch>:<seconds>" or "pause_after_commit:<batch>:<seconds>"
     fault: str | None = None
 
     def __post_init__(self):
@@ -37,6 +64,16 @@ class EngineConfig:
             raise EngineError("state_versions_kept must be >= 2 (a re-run of a batch reads the version before it)")
         if self.shuffle_partitions is not None and self.shuffle_partitions < 1:
             raise EngineError("shuffle_partitions must be >= 1")
+        if self.fault is not None:
+            parse_fault(self.fault)
+
+    def pause_at(self, point: str, batch_id: int) -> float:
+        """Seconds the fault asks to pause at ``point`` (``before_commit``, ``after_commit``) of batch
+        ``batch_id``; 0 when it asks nothing there."""
+        if not self.fault:
+            return 0.0
+        kind, batch, seconds = parse_fault(self.fault)
+        return seconds if kind == f"pause_{point}" and batch == batch_id else 0.0
 
     def to_json(self) -> dict:
         return asdict(self)

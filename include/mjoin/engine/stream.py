@@ -13,20 +13,27 @@ exactly-once output.
 Hot plan reload: before every batch the job reads the registry's ACTIVE version
 and switches when it changed (recorded as ``plan_switch``); without an active plan
 it uses the plan given (``plan=``), else the spec's fixed stream order.
+
+Lifecycle (:mod:`mjoin.engine.control`): a run claims the query's job (a second start
+is refused while one runs, a crashed one never blocks a restart), reports its status
+with a heartbeat, and stops at a batch boundary when a stop is requested.
 """
 from __future__ import annotations
 
 import logging
-import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 
 from .. import fsutil
 from ..plan import PlanError
 from ..registry import PlanRegistry, RegistryError
+from ..timeutil import iso
 from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
 from .compiled import CompiledPlan
 from .config import EngineConfig, EngineError
+from .control import JobControl, Watcher
 from .inputs import as_lake, as_plan, as_query
 from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
 
@@ -71,6 +78,10 @@ def _local(path: str) -> str:
     return path
 
 
+class StopAtBoundary(Exception):
+    """A batch refused because the job is stopping (ends the query; Spark re-runs it after a restart)."""
+
+
 class StreamJob:
     """The state of one streaming run: the current plan and the records of its batches."""
 
@@ -90,6 +101,18 @@ class StreamJob:
         self.by_source: dict = {}
         for s in query.streams:
             self.by_source.setdefault(s.source, []).append(s.name)
+        self.in_batch: int | None = None  # the batch running now (status: batch_in_progress)
+        self.batch_started_at: str | None = None
+        self.last_done: int | None = None  # the last batch this run completed
+        self.fault_pause: dict | None = None
+        self.idle = threading.Event()
+        self.idle.set()
+        self._gate = threading.Lock()
+        self.stopping = False  # set by hold(): every later batch is refused
+        self.refused: int | None = None
+        self.on_batch_end = None  # the lifecycle watcher's hook
+        if config.fault and config.fault.startswith("pause_before_commit:"):
+            self._pause_before_commit()
 
     # ---- plans ------------------------------------------------------------------------------
     def plan_for_batch(self, batch_id: int, prev_manifest: dict | None):
@@ -127,7 +150,6 @@ class StreamJob:
         self.current = new
         return new, switch, error
 
-    # ---- one micro-batch -----------------------------------------------------------------------
     def files_by_stream(self, paths) -> tuple[dict, int]:
         out: dict = {s: [] for s in self.eq.streams}
         ignored = 0
@@ -145,6 +167,71 @@ class StreamJob:
             for n in names:
                 out[n].append(local if not fsutil.is_url(self.lake.root) else p)
         return out, ignored
+
+    def progress(self) -> dict:
+        """What the job's status file reports about the batches (see ``engine.control``)."""
+        doc = {"batches_this_run": len(self.records), "batch_in_progress": self.in_batch,
+               "batch_started_at": self.batch_started_at if self.in_batch is not None else None}
+        if self.records:
+            last = self.records[-1]
+            doc.update(last_batch_id=last["batch_id"], last_batch_at=last.get("started_at"),
+                       plan_version=last.get("plan_version"), plan_source=last.get("plan_source"))
+        if self.fault_pause:
+            doc["fault_pause"] = self.fault_pause
+        return doc
+
+    # ---- fault injection (tests) ---------------------------------------------------------------
+    def _pause(self, point: str, batch_id: int) -> None:
+        seconds = self.config.pause_at(point, batch_id)
+        if seconds:
+            log.error("fault injection: pausing %ss %s of batch %d", seconds, point.replace("_", " "), batch_id)
+            self.fault_pause = {"batch_id": batch_id, "point": point, "since": iso(datetime.now(timezone.utc))}
+            time.sleep(seconds)
+            self.fault_pause = None
+
+    def _pause_before_commit(self) -> None:
+        """Pause inside the runner, after the batch's tasks wrote their files, before the manifest."""
+        store = self.runner.store
+        commit = store.commit
+
+        def paused_commit(doc):
+            self._pause("before_commit", doc["batch_id"])
+            commit(doc)
+
+        store.commit = paused_commit
+
+    # ---- lifecycle (engine.control.Watcher) ---------------------------------------------------------
+    def hold(self) -> bool:
+        """If no batch runs, refuse every later one (the job is stopping) and return True."""
+        with self._gate:
+            if not self.idle.is_set():
+                return False
+            self.stopping = True
+            return True
+
+    def recorded(self) -> bool:
+        """Spark's checkpoint has committed the last batch this run completed (or none ran)."""
+        return self.last_done is None or fsutil.exists(
+            fsutil.join(self.lake.checkpoints(self.query.name), "commits", str(self.last_done)))
+
+    # ---- one micro-batch -----------------------------------------------------------------------
+    def run_batch(self, df, batch_id: int) -> None:
+        """The ``foreachBatch`` function: :meth:`process`, tracked for the job's status."""
+        with self._gate:
+            if self.stopping:  # Spark began a batch while the job stops: refuse it before any work
+                self.refused = batch_id
+                raise StopAtBoundary(f"batch {batch_id} not run: the job is stopping (it runs after the restart)")
+            self.idle.clear()
+        self.in_batch, self.batch_started_at = batch_id, iso(datetime.now(timezone.utc))
+        try:
+            self.process(df, batch_id)
+            self.last_done = batch_id
+            self._pause("after_commit", batch_id)
+        finally:
+            self.in_batch = None
+            self.idle.set()
+            if self.on_batch_end is not None:
+                self.on_batch_end()
 
     def process(self, df, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -228,22 +315,41 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     query = as_query(query)
     lake = as_lake(lake)
     t0 = time.perf_counter()
+    claim = JobControl(lake, query.name).claim({"trigger": trigger, "interval": interval, "engine": "mjoin"})
+    job = None
+    watcher = Watcher(claim, progress=lambda: job.progress() if job else {},
+                      recorded=lambda: job is None or job.recorded(), hold=lambda: job is None or job.hold())
     before = apply_engine_conf(spark)
     try:
         job = StreamJob(spark, query, lake, plan, config)
-        writer = (source_frame(spark, lake, config).writeStream.foreachBatch(job.process)
+        job.on_batch_end = watcher.batch_ended
+        writer = (source_frame(spark, lake, config).writeStream.foreachBatch(job.run_batch)
                   .option("checkpointLocation", lake.checkpoints(query.name))
-                  .queryName(f"mjoin_{query.name}_{os.getpid()}"))
+                  .queryName(f"mjoin_{query.name}_{claim.run_id}"))
         writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
             writer.trigger(processingTime=f"{float(interval)} seconds")
         sq = writer.start()
+        watcher.start(sq)
         try:
-            finished = sq.awaitTermination(timeout) if timeout else sq.awaitTermination()
+            try:
+                finished = sq.awaitTermination(timeout) if timeout else sq.awaitTermination()
+            except Exception:
+                if job.refused is None:
+                    raise
+                log.info("batch %d refused while stopping: the query ended at the boundary", job.refused)
+                finished = True
         finally:
             if sq.isActive:
                 sq.stop()
+            if not job.idle.wait(600):  # never report stopped (and free the claim) while a batch runs
+                log.error("a batch of %s is still running 600 s after its query stopped", query.name)
         if finished is False:
             log.info("stopped after %ss", timeout)
+        watcher.finish("stopped", reason="timeout" if finished is False else
+                       "all landed data processed (availableNow)" if trigger == "availableNow" else "query ended")
+    except BaseException as exc:
+        watcher.finish("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         restore_conf(spark, before)
     records = job.records
