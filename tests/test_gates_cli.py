@@ -27,11 +27,12 @@ def test_input_pass_and_fail(seed_query, lake, capsys, tmp_path):
     out_json = tmp_path / "input.json"
     assert main(args + ["--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "input.null_key_fraction_below_max failed on 1 row: sr: 20 of 120 rows have a NULL join key" in out
+    assert (f"input.null_key_fraction_below_max failed on 1 row: sr@{cycle_iso(0)}: 20 of 70 rows have a NULL join key"
+            in out)
     doc = json.loads(out_json.read_text())
     assert doc["status"] == "failed" and doc["failed_expectations"] == ["input.null_key_fraction_below_max"]
-    assert f"mjoin.input.streams.{Q}" in doc["gx_result"]
-    assert main(args + ["--set", "null_key_fraction_max=0.2"]) == 0
+    assert set(doc["gx_result"]) == {f"mjoin.input.files.{Q}", f"mjoin.input.cycles.{Q}"}
+    assert main(args + ["--set", "null_key_fraction_max=0.3"]) == 0  # 20 of 70 rows in cycle 0: 29 %
 
 
 def test_stats_and_forecast(seed_query, tmp_path, capsys):

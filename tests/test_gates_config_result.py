@@ -18,6 +18,11 @@ def test_defaults_are_documented_values():
     cfg = GateConfig()
     assert cfg.null_key_fraction_max == 0.10 and cfg.min_history == 10 and cfg.improvement_threshold == 0.05
     assert cfg.forecast_spread_k == 6.0 and cfg.forecast_spread == "mad" and cfg.input_engine == "pyarrow"
+    # what a DAG imports: the class defaults, and all of them as JSON-ready values
+    assert GateConfig.improvement_threshold == 0.05
+    d = GateConfig.defaults()
+    assert set(d) == set(GateConfig.keys()) and d["quiet_streams"] == [] and d["late_tolerance"] is None
+    assert GateConfig.from_dict(d) == cfg
 
 
 def test_overrides_from_strings_and_values():
@@ -39,6 +44,8 @@ def test_overrides_from_strings_and_values():
     ({"late_tolerance": "soon"}, "late_tolerance"),
     ({"improvement_threshold": math.nan}, "improvement_threshold"),
     ({"input_engine": "dask"}, "pyarrow"),
+    ({"positional_file_names": "part-(\\d+"}, "not a regular expression"),
+    ({"min_history": 5, "gates_typo": 1, "another": 2}, r"unknown gate setting\(s\) another, gates_typo; known: "),
 ])
 def test_bad_overrides_are_rejected_clearly(overrides, match):
     with pytest.raises(GateConfigError, match=match):

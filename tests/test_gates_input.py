@@ -4,6 +4,7 @@ Counts are compared with an independent DuckDB scan of the same files.
 """
 from __future__ import annotations
 
+import os
 import shutil
 
 import duckdb
@@ -13,7 +14,7 @@ import pytest
 
 from mjoin.gates import GateConfig, GateConfigError, check_input, summarize_input
 from mjoin.gates.input import type_problem
-from test_gates_support import CYCLE, EPOCH0, good_lake, write_stream_file
+from test_gates_support import CYCLE, EPOCH0, cycle_iso, good_lake, write_stream_file
 
 START, END = EPOCH0, EPOCH0 + int(2 * CYCLE)
 A0, A1 = EPOCH0, EPOCH0 + int(CYCLE)  # the two arrival cycles
@@ -65,10 +66,14 @@ def test_null_keys_above_threshold(seed_query, good):
     res = run(seed_query, good)
     assert res.failed_expectations == ["input.null_key_fraction_below_max"]
     (f,) = res.failures
-    assert f.values[0]["where"] == "wr" and f.values[0]["null_key_rows"] == 25
-    assert f.values[0]["null_key_fraction"] == pytest.approx(25 / 150)
+    # checked in the cycle the rows landed in: 25 of its 100 rows
+    assert f.values[0]["where"] == "wr@2026-01-01T00:01:00Z" and f.values[0]["null_key_rows"] == 25
+    assert f.values[0]["null_key_fraction"] == pytest.approx(25 / 100)
+    # the interval's totals are in the report
+    wr = next(s for s in res.details["streams"] if s["where"] == "wr")
+    assert wr["null_key_rows"] == 25 and wr["null_key_fraction"] == pytest.approx(25 / 150)
     # under the threshold it passes
-    assert run(seed_query, good, config=GateConfig(null_key_fraction_max=0.2)).status == "passed"
+    assert run(seed_query, good, config=GateConfig(null_key_fraction_max=0.3)).status == "passed"
 
 
 def test_late_tuples(seed_query, good):
@@ -114,6 +119,8 @@ def test_duplicate_file(seed_query, good):
     (f,) = res.failures
     assert f.values[0]["where"].endswith(f"arrival={A1}/part-00001.parquet")
     assert f.values[0]["duplicate_of"].endswith(f"arrival={A0}/part-00000.parquet")
+    assert f.values[0]["duplicate_kind"] == "same bytes"
+    assert f.rendered[0].endswith("(same bytes)")
 
 
 def test_duplicate_of_a_file_landed_before_the_interval(seed_query, good):
@@ -175,9 +182,11 @@ def test_any_null_key_counts_once_with_two_keys(two_class_query, lake):
     frames = summarize_input(two_class_query, lake, START, END, cycle=CYCLE)
     cu = frames["streams"].set_index("where").loc["cu"]
     assert cu["null_key_rows"] == expected == 10
-    assert run(two_class_query, lake).status == "passed"  # 10 of 140 rows: 7 % < 10 %
-    assert run(two_class_query, lake, config=GateConfig(null_key_fraction_max=0.05)).failed_expectations == [
-        "input.null_key_fraction_below_max"]
+    # per cycle: 10 of the 90 rows of cycle A1 (11 %)
+    assert run(two_class_query, lake, config=GateConfig(null_key_fraction_max=0.12)).status == "passed"
+    res = run(two_class_query, lake, config=GateConfig(null_key_fraction_max=0.10))
+    assert res.failed_expectations == ["input.null_key_fraction_below_max"]
+    assert res.failures[0].values[0]["null_key_rows"] == 10 and res.failures[0].values[0]["key_checked_rows"] == 90
 
 
 @pytest.mark.parametrize("spec,arrow,ok", [
@@ -203,3 +212,200 @@ def test_spark_engine_counts_equal_pyarrow(seed_query, good, spark):
     assert spk.details["streams"] == arrow.details["streams"]
     assert spk.failed_expectations == arrow.failed_expectations == [
         "input.future_fraction_below_max", "input.key_columns_present", "input.late_fraction_below_max"]
+
+
+# ---- per cycle: one bad cycle among good ones is not diluted ----------------------------------
+
+N_CYCLES = 4
+END4 = EPOCH0 + int(N_CYCLES * CYCLE)
+
+
+def _cycle(k: int) -> int:
+    return EPOCH0 + int(k * CYCLE)
+
+
+@pytest.mark.parametrize("kind,expectation,config,column", [
+    ("null_keys", "input.null_key_fraction_below_max", {}, "null_key_rows"),
+    ("late", "input.late_fraction_below_max", {"late_fraction_max": 0.05}, "late"),
+    ("future", "input.future_fraction_below_max", {"future_fraction_max": 0.05}, "future"),
+])
+def test_one_bad_cycle_among_good_ones(seed_query, lake, kind, expectation, config, column):
+    """Cycle 2 of 4 has 8 bad rows of its 50 (16 %); over the interval that is 8 of 200 (4 %), under the
+    threshold. The gate checks per cycle and names the cycle."""
+    good_lake(lake, seed_query, n_cycles=N_CYCLES)
+    write_stream_file(lake, seed_query, "sr", _cycle(2), 50, seed=21, interval_end=END4, **{kind: 8})
+    cfg = GateConfig(**config)
+    res = check_input(seed_query, lake, START, END4, cycle=CYCLE, config=cfg)
+    assert res.failed_expectations == [expectation]
+    (f,) = res.failures
+    assert f.count == 1
+    assert f.values[0]["where"] == f"sr@{cycle_iso(2)}"
+    assert f.values[0][column] == 8 and f.values[0][f"{column.replace('_rows', '')}_fraction"] == pytest.approx(8 / 50)
+    assert f.rendered[0].startswith(f"sr@{cycle_iso(2)}: 8 of 50 rows")
+    # the interval's total for sr would have passed: it is in the report
+    sr = next(s for s in res.details["streams"] if s["where"] == "sr")
+    assert sr[column] == 8 and sr[f"{column.replace('_rows', '')}_fraction"] == pytest.approx(8 / 200)
+    assert sr[f"{column.replace('_rows', '')}_fraction"] <= getattr(cfg, f"{column.replace('_rows', '')}_fraction_max")
+    # every stream x cycle is reported
+    assert len(res.details["cycles"]) == N_CYCLES * len(seed_query.streams)
+
+
+# ---- duplicates by name and by rows -------------------------------------------------------------
+
+def test_same_file_name_landed_twice(seed_query, good):
+    """A uniquely named file (not the lake's positional part-<n>) landed in two cycles is a duplicate even
+    with other content; the positional part-00000.parquet in every cycle is not."""
+    first = write_stream_file(good, seed_query, "wr", A0, 30, part=7, seed=1)
+    second = write_stream_file(good, seed_query, "wr", A1, 30, part=7, seed=2)
+    name = "wr-2026-batch-17.parquet"
+    os.rename(first, first.replace("part-00007.parquet", name))
+    os.rename(second, second.replace("part-00007.parquet", name))
+    res = run(seed_query, good)
+    assert res.failed_expectations == ["input.no_duplicate_files"]
+    (f,) = res.failures
+    assert f.values[0]["where"].endswith(f"arrival={A1}/{name}")
+    assert f.values[0]["duplicate_of"].endswith(f"arrival={A0}/{name}")
+    assert f.values[0]["duplicate_kind"] == "same file name"
+    assert res.details["duplicates"] == [{"where": f.values[0]["where"], "duplicate_of": f.values[0]["duplicate_of"],
+                                          "duplicate_kind": "same file name"}]
+    # names that are positional by configuration are not compared
+    relaxed = GateConfig(positional_file_names=r"part-\d+\.parquet|wr-.*\.parquet")
+    assert run(seed_query, good, config=relaxed).status == "passed"
+
+
+def test_same_rows_re_encoded(seed_query, good):
+    """The rows of an earlier file re-written with another compression and row-group size: other bytes,
+    same footer fingerprint."""
+    import pyarrow.parquet as pq
+
+    src = good.stream_file("catalog_returns", A0, 0)
+    dst = good.stream_file("catalog_returns", A1, 1)
+    pq.write_table(pq.read_table(src), dst, compression="zstd", row_group_size=7)
+    assert open(src, "rb").read() != open(dst, "rb").read()
+    res = run(seed_query, good)
+    assert res.failed_expectations == ["input.no_duplicate_files"]
+    (f,) = res.failures
+    assert f.values[0]["where"].endswith(f"arrival={A1}/part-00001.parquet")
+    assert f.values[0]["duplicate_of"].endswith(f"arrival={A0}/part-00000.parquet")
+    assert f.values[0]["duplicate_kind"].startswith("same rows")
+
+
+def test_fingerprint_tells_different_rows_apart(seed_query, lake):
+    """Files with the same row count and schema but other rows have other fingerprints."""
+    import pyarrow.parquet as pq
+
+    from mjoin.gates.input import footer_fingerprint
+
+    a = write_stream_file(lake, seed_query, "sr", A0, 50, seed=1)
+    b = write_stream_file(lake, seed_query, "sr", A0, 50, part=1, seed=2)
+    c = write_stream_file(lake, seed_query, "sr", A0, 50, part=2, seed=1, statistics=False)
+    fa, fb, fc = (footer_fingerprint(pq.ParquetFile(p).metadata, pq.ParquetFile(p).schema_arrow) for p in (a, b, c))
+    assert fa and fb and fa != fb
+    assert fc is None  # no statistics: no fingerprint (the bytes are still compared)
+
+
+# ---- event times in a string format or an expression --------------------------------------------
+
+def _variant(seed_query, event_time: dict, columns: dict):
+    """The seed query with cu's event time given differently."""
+    from mjoin.query import parse_query
+
+    doc = seed_query.to_spec()
+    cu = doc["streams"][0]
+    cu["event_time"] = event_time
+    cu["columns"] = {**columns, "c_customer_sk": "long", "c_current_addr_sk": "long"}
+    return parse_query(doc)
+
+
+def _write_cu(lake, query, arrival, times, part=0, column="ts"):
+    n = len(times)
+    write_stream_file(lake, query, "cu", arrival, n, part=part, seed=arrival % 97, overrides={column: times})
+
+
+def _iso_strings(epochs):
+    from datetime import datetime, timezone
+
+    return pa.array([None if e is None else e if isinstance(e, str) else
+                     datetime.fromtimestamp(e, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") for e in epochs])
+
+
+@pytest.fixture
+def format_query(seed_query):
+    return _variant(seed_query, {"column": "ts", "format": "yyyy-MM-dd HH:mm:ss"}, {"ts": "string"})
+
+
+def _format_lake(lake, query):
+    """cu's event times as strings: cycle A0 good, cycle A1 with 3 late, 1 future, 2 unparseable of 50."""
+    for i, s in enumerate(query.stream_names):
+        for k, a in enumerate((A0, A1)):
+            if s != "cu":
+                write_stream_file(lake, query, s, a, 50, seed=10 * k + i)
+    _write_cu(lake, query, A0, _iso_strings([A0 + i for i in range(50)]))
+    times = [A1 + i for i in range(44)] + [A1 - 3600] * 3 + [END + 30] + ["not a time", "2026-13-45 99:99:99"]
+    _write_cu(lake, query, A1, _iso_strings(times))
+
+
+def test_event_time_in_a_string_format_is_checked(format_query, lake):
+    _format_lake(lake, format_query)
+    res = check_input(format_query, lake, START, END, cycle=CYCLE)
+    assert res.failed_expectations == ["input.future_fraction_below_max", "input.late_fraction_below_max"]
+    late = next(f for f in res.failures if f.expectation == "input.late_fraction_below_max")
+    assert late.values[0]["where"] == f"cu@{cycle_iso(1)}" and late.values[0]["late"] == 3
+    assert late.values[0]["ts_checked_rows"] == 48  # 2 unparseable rows count as NULL event times
+    cu = next(s for s in res.details["streams"] if s["where"] == "cu")
+    assert (cu["late"], cu["future"], cu["null_ts"]) == (3, 1, 2) and cu["event_time_checked"]
+    assert any("2 row(s) with a NULL or unparseable event time" in n for n in res.details["notes"])
+    assert res.details["skipped"] == []
+
+
+def test_spark_patterns_translate():
+    from mjoin.gates.input import strptime_pattern
+
+    assert strptime_pattern("yyyy-MM-dd HH:mm:ss") == "%Y-%m-%d %H:%M:%S"
+    assert strptime_pattern("yyyy-MM-dd'T'HH:mm:ss.SSSXXX") == "%Y-%m-%dT%H:%M:%S.%g%z"
+    assert strptime_pattern("dd/MM/yy hh:mm a") == "%d/%m/%y %I:%M %p"
+    assert strptime_pattern("'it''s' yyyy") == "it's %Y"
+    assert strptime_pattern("yyyy G") is None and strptime_pattern("yyyy[-MM]") is None
+
+
+def test_expression_event_time_is_a_reported_skip_with_pyarrow(seed_query, lake):
+    """A Spark SQL expression cannot be evaluated without Spark: the late/future rules are skipped for that
+    stream, and the result says so (note and details["skipped"])."""
+    q = _variant(seed_query, {"expr": "timestamp_seconds(t)"}, {"t": "long"})
+    good_lake(lake, seed_query)  # the other streams
+    for a in (A0, A1):
+        for p in (lake.stream_file("customer", a, 0),):
+            os.remove(p)
+        _write_cu(lake, q, a, pa.array([a - 3600] * 10 + [a + 1] * 40, pa.int64()), column="t")
+    res = check_input(q, lake, START, END, cycle=CYCLE)
+    assert res.status == "passed"
+    cu = next(s for s in res.details["streams"] if s["where"] == "cu")
+    assert not cu["event_time_checked"] and "timestamp_seconds(t)" in cu["event_time_unchecked"]
+    assert {s["expectation"] for s in res.details["skipped"]} == {"input.late_fraction_below_max",
+                                                                 "input.future_fraction_below_max"}
+    assert all(s["why"].startswith("cu: event time is the Spark SQL expression") for s in res.details["skipped"])
+    assert any("input_engine=spark" in n for n in res.details["notes"])
+
+
+@pytest.mark.spark
+def test_spark_engine_evaluates_format_and_expression(seed_query, format_query, lake, tmp_path, spark):
+    """With Spark the event time is computed by the stats job's SQL: the same counts as pyarrow for a string
+    format, and an expression's late rows are counted."""
+    from mjoin.lake import Lake
+
+    _format_lake(lake, format_query)
+    arrow = check_input(format_query, lake, START, END, cycle=CYCLE)
+    spk = check_input(format_query, lake, START, END, cycle=CYCLE, spark=spark)
+    assert spk.details["streams"] == arrow.details["streams"]
+    assert spk.failed_expectations == arrow.failed_expectations
+
+    q = _variant(seed_query, {"expr": "timestamp_seconds(t)"}, {"t": "long"})
+    lake2 = Lake(str(tmp_path / "lake2"))
+    good_lake(lake2, seed_query)
+    for a in (A0, A1):
+        os.remove(lake2.stream_file("customer", a, 0))
+        _write_cu(lake2, q, a, pa.array([a - 3600] * 10 + [a + 1] * 40, pa.int64()), column="t")
+    res = check_input(q, lake2, START, END, cycle=CYCLE, spark=spark)
+    assert res.failed_expectations == ["input.late_fraction_below_max"]
+    assert sorted(v["where"] for v in res.failures[0].values) == [f"cu@{cycle_iso(0)}", f"cu@{cycle_iso(1)}"]
+    assert res.details["skipped"] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -17,6 +18,11 @@ from ..timeutil import parse_duration
 class GateConfigError(ValueError):
     """An override that names no threshold or has a value of the wrong kind."""
 
+
+#: file names the lake reuses in every arrival folder (``Lake.stream_file``: part-00000.parquet): such a name
+#: landed twice is not a duplicate; any other name (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is
+#: taken as unique to its file
+DEFAULT_POSITIONAL = r"part-\d+\.parquet"
 
 #: fields holding durations in seconds (accept "90s", "5m", ...)
 _DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback"}
@@ -46,6 +52,9 @@ class GateConfig:
     #: how far before the interval landed files are compared for duplicates (seconds);
     #: None = the query's largest window (a re-landed file inside the window double-counts joins)
     duplicate_lookback: float | None = None
+    #: regular expression (full match) of positional file names, reused every cycle and so not compared
+    #: by name; other names landed twice in one stream are duplicates
+    positional_file_names: str = DEFAULT_POSITIONAL
     #: "pyarrow" (default: footers + key/ts columns on the driver) or "spark" (scan with Spark)
     input_engine: str = "pyarrow"
 
@@ -102,6 +111,10 @@ class GateConfig:
             problems.append(f"forecast_spread={self.forecast_spread!r} must be 'mad' or 'std'")
         if self.input_engine not in ("pyarrow", "spark"):
             problems.append(f"input_engine={self.input_engine!r} must be 'pyarrow' or 'spark'")
+        try:
+            re.compile(self.positional_file_names)
+        except (re.error, TypeError) as exc:
+            problems.append(f"positional_file_names={self.positional_file_names!r} is not a regular expression ({exc})")
         if not isinstance(self.quiet_streams, tuple):
             object.__setattr__(self, "quiet_streams", tuple(self.quiet_streams))
         if problems:
@@ -111,6 +124,11 @@ class GateConfig:
     @classmethod
     def keys(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every setting with its default, JSON-ready (e.g. for a DAG param's documentation)."""
+        return cls().to_dict()
 
     @classmethod
     def from_dict(cls, overrides: Mapping[str, Any] | None = None, base: "GateConfig | None" = None) -> "GateConfig":

@@ -126,7 +126,7 @@ def check_forecast(query, forecast, history: pd.DataFrame, *, config: GateConfig
     data_groups = sorted(int(g) for g in frame["group"].unique()) or [0]
     if expected is None:
         run.note(f"key groups taken from the forecast itself ({', '.join(map(str, data_groups))}): a key group "
-                 "missing from the whole forecast cannot be detected; pass the partitioning")
+                 "missing from the whole forecast cannot be detected; pass the partitioning (check forecast --partitioning)")
     run.check(forecast_values_suite(query, cfg), mark_expected_groups(frame, expected))
     groups = expected if expected is not None else data_groups
     run.check(coverage_suite("forecast", query), coverage_frame(frame, query, [cycle], groups))

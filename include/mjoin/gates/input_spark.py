@@ -2,9 +2,11 @@
 
 For raw input too big to read on the driver. One aggregation per stream and set of
 usable columns (a multi-file read needs one schema; files whose footer cannot be
-read are reported from pyarrow anyway). The counts
-land in the same per-file summary as the pyarrow path, so the same pandas suites
-check them: GX on the raw Spark frame would take seconds per expectation
+read are reported from pyarrow anyway). The event
+time is computed by the statistics job's own SQL (:func:`mjoin.stats.sources.event_time_sql`:
+a time column, a string ``format`` parsed with ``try_to_timestamp``, or an ``expr``), so
+the gate and the stats job agree on every row. The counts land in the same per-file
+summary as the pyarrow path, so the same pandas suites check them: GX on the raw Spark frame would take seconds per expectation
 (docs/gates.md), one aggregation computes every count at once.
 """
 from __future__ import annotations
@@ -24,19 +26,25 @@ def _norm(path: str) -> str:
 
 
 def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, keys: list[str],
-                    ts: str | None) -> dict:
-    """``{path: counts}`` for ``paths`` of one stream that share the usable ``keys`` (all the stream's
-    join keys, or none) and event-time column ``ts`` (or None): NULL-key rows where ``keys`` are given;
-    late, future, NULL event times and min/max event time where ``ts`` is given."""
-    if not paths or (not keys and ts is None):
+                    timed: bool, columns: list[str] | None = None) -> dict:
+    """``{path: counts}`` for ``paths`` of one stream that share one schema: NULL-key rows where ``keys``
+    (all the stream's join keys, or none) are given; late, future, NULL event times and min/max event
+    time where ``timed`` (the event time can be computed from the files). ``columns``: the columns to
+    read (None: all, for an ``expr`` that may use any)."""
+    if not paths or (not keys and not timed):
         return {}
     from pyspark.sql import functions as F
+
+    from ..stats.sources import event_time_sql
 
     if spark is None:
         from ..sparkutil import get_spark
 
         spark = get_spark("mjoin-gate-input")
-    df = spark.read.parquet(*paths).select(*keys, *([ts] if ts else [])).withColumn("_file", F.input_file_name())
+    df = spark.read.parquet(*paths)
+    if columns is not None:
+        df = df.select(*columns)
+    df = df.withColumn("_file", F.input_file_name())
     aggs = [F.count(F.lit(1)).alias("rows")]
     if keys:
         any_null = None
@@ -44,15 +52,8 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
             cond = F.col(k).isNull()
             any_null = cond if any_null is None else (any_null | cond)
         aggs.append(F.sum(F.when(any_null, 1).otherwise(0)).alias("null_key_rows"))
-    if ts is not None:
-        t = stream.columns.get(ts)
-        if t == "timestamp":
-            secs = F.unix_micros(F.col(ts)) / F.lit(1e6)
-        elif t == "date":
-            secs = F.unix_date(F.col(ts)).cast("double") * F.lit(86400.0)
-        else:
-            secs = F.col(ts).cast("double")
-        df = df.withColumn("_ts", secs)
+    if timed:
+        df = df.withColumn("_ts", F.expr(event_time_sql(stream)).cast("double") / F.lit(1e6))
         aggs += [F.sum(F.when(F.col("_ts") < F.lit(lo), 1).otherwise(0)).alias("late"),
                  F.sum(F.when(F.col("_ts") >= F.lit(hi), 1).otherwise(0)).alias("future"),
                  F.min("_ts").alias("ts_min"), F.max("_ts").alias("ts_max"),
@@ -66,7 +67,7 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
         counts = {}
         if keys:
             counts["null_key_rows"] = int(r["null_key_rows"] or 0)
-        if ts is not None:
+        if timed:
             counts.update({"late": int(r["late"] or 0), "future": int(r["future"] or 0),
                            "ts_min": math.nan if r["ts_min"] is None else float(r["ts_min"]),
                            "ts_max": math.nan if r["ts_max"] is None else float(r["ts_max"]),

@@ -75,7 +75,7 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
         if unrecorded:
             run.note(f"key groups of {len(unrecorded)} cycle(s) taken from the statistics rows themselves "
                      f"({', '.join(map(str, data_groups))}): a key group missing from every cycle of the interval "
-                     "cannot be detected; pass the partitioning (or read the history with its cycle metadata)")
+                     "cannot be detected; pass the partitioning (check stats --partitioning) when the history does not record it")
     known = {c: g for c, g in expected_groups.items() if g is not None}
     coverage_groups = {c: (expected_groups[c] if expected_groups[c] is not None else data_groups) for c in present_cycles}
 

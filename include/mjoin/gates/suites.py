@@ -37,20 +37,22 @@ _doc("input.files_readable", "every landed Parquet file of the interval can be o
 _doc("input.schema_matches_spec", "every declared column of the stream is present with a type compatible with the spec "
                                   "(key columns: see input.key_columns_present)")
 _doc("input.key_columns_present", "every join-key column of the stream is present in the file")
-_doc("input.no_duplicate_files", "no file has the same bytes as another file of the stream landed in the interval "
-                                 "or in the lookback before it")
-_doc("input.null_key_fraction_below_max", "fraction of a stream's rows with a NULL join key <= null_key_fraction_max")
-_doc("input.late_fraction_below_max", "fraction of a stream's rows with event time < start - late_tolerance "
+_doc("input.no_duplicate_files", "no file repeats another file of the stream landed in the interval or in the "
+                                 "lookback before it: same bytes, same (non-positional) file name, or same rows by "
+                                 "the footer fingerprint")
+_doc("input.null_key_fraction_below_max", "per stream and cycle: fraction of rows with a NULL join key "
+                                          "<= null_key_fraction_max")
+_doc("input.late_fraction_below_max", "per stream and cycle: fraction of rows with event time < start - late_tolerance "
                                       "<= late_fraction_max")
-_doc("input.future_fraction_below_max", "fraction of a stream's rows with event time >= end + future_tolerance "
-                                        "<= future_fraction_max")
+_doc("input.future_fraction_below_max", "per stream and cycle: fraction of rows with event time >= end + "
+                                        "future_tolerance <= future_fraction_max")
 _doc("input.stream_flows_when_expected", "every stream not in quiet_streams lands >= min_rows_per_cycle rows "
                                          "in every cycle of the interval")
 
 
 def input_files_suite(query, cfg):
     """Frame ``files``: one row per landed file of the interval (where = path in the lake, stream,
-    arrival, rows, read_error, schema_problem, missing_keys, duplicate_of)."""
+    arrival, cycle, rows, read_error, schema_problem, missing_keys, duplicate_of, duplicate_kind)."""
     return make_suite(f"mjoin.input.files.{query.name}", [
         expect("ExpectColumnValuesToBeNull", "input.files_readable", "an unreadable file cannot be joined",
                "{where}: {read_error}", column="read_error"),
@@ -61,14 +63,15 @@ def input_files_suite(query, cfg):
                "{where}: missing key column(s) {missing_keys}", column="missing_keys"),
         expect("ExpectColumnValuesToBeNull", "input.no_duplicate_files",
                "a file landed twice double-counts every join result it takes part in",
-               "{where} duplicates {duplicate_of}", column="duplicate_of"),
+               "{where} duplicates {duplicate_of} ({duplicate_kind})", column="duplicate_of"),
     ])
 
 
-def input_streams_suite(query, cfg, late_tolerance: float):
-    """Frame ``streams``: one row per stream (where = stream name; rows; null_key_rows and its fraction of
-    key_checked_rows; late, future and their fractions of ts_checked_rows)."""
-    return make_suite(f"mjoin.input.streams.{query.name}", [
+def input_cycles_suite(query, cfg, late_tolerance: float):
+    """Frame ``cycles``: one row per stream and arrival cycle (where = ``stream@cycle``; rows, min_rows;
+    null_key_rows and its fraction of key_checked_rows; late, future and their fractions of
+    ts_checked_rows). Checked per cycle, so one bad cycle is not diluted by the good ones."""
+    return make_suite(f"mjoin.input.cycles.{query.name}", [
         expect("ExpectColumnValuesToBeBetween", "input.null_key_fraction_below_max",
                f"rows with a NULL join key never join; more than {cfg.null_key_fraction_max:.1%} suggests a broken feed",
                "{where}: {null_key_rows} of {key_checked_rows} rows have a NULL join key ({null_key_fraction})",
@@ -83,12 +86,6 @@ def input_streams_suite(query, cfg, late_tolerance: float):
                f"at most {cfg.future_fraction_max:.1%} allowed",
                "{where}: {future} of {ts_checked_rows} rows are from the future ({future_fraction}), latest event time {ts_max}",
                column="future_fraction", max_value=cfg.future_fraction_max),
-    ])
-
-
-def input_flow_suite(query, cfg):
-    """Frame ``flow``: one row per stream and cycle (where = stream@cycle; rows, min_rows)."""
-    return make_suite(f"mjoin.input.flow.{query.name}", [
         expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.stream_flows_when_expected",
                f"a stream expected to flow delivered fewer than min_rows_per_cycle={cfg.min_rows_per_cycle} rows "
                "in a cycle (streams in quiet_streams are exempt)",
@@ -335,10 +332,10 @@ def _register_all():
     from .config import GateConfig
 
     q, cfg = load_query("tpcds_returns_by_address"), GateConfig()
-    for fn in (input_files_suite, input_flow_suite, stats_values_suite, stats_cycles_suite, stats_history_suite,
+    for fn in (input_files_suite, stats_values_suite, stats_cycles_suite, stats_history_suite,
                forecast_values_suite, forecast_plausibility_suite, plan_orders_suite):
         fn(q, cfg)
-    input_streams_suite(q, cfg, 0.0)
+    input_cycles_suite(q, cfg, 0.0)
     columns_suite(q)
     history_columns_suite(q)
     coverage_suite("stats", q)
