@@ -151,7 +151,12 @@ def test_prefilter_drops_only_tuples_that_cannot_join():
 def test_keyed_rows_index_and_expand():
     t = pa.table({"_ts": pa.array([5, 1, 3, 2], pa.int64()), "_k_c0": pa.array([2, 1, 2, 9], pa.int64())})
     rows = KeyedRows(t, "_k_c0")
-    assert rows.key.tolist() == [1, 2, 2, 9] and rows.ts.tolist() == [1, 3, 5, 2]
+    # sorted by key, stable: arrival order within a key (the operator never needs ts order)
+    assert rows.key.tolist() == [1, 2, 2, 9] and rows.ts.tolist() == [1, 5, 3, 2]
+    more = KeyedRows(pa.table({"_ts": pa.array([7, 0], pa.int64()), "_k_c0": pa.array([2, 0], pa.int64())}), "_k_c0")
+    merged = rows.concat(more)
+    assert merged.key.tolist() == [0, 1, 2, 2, 2, 9] and merged.ts.tolist() == [0, 1, 5, 3, 7, 2]
+    assert merged.table.column("_ts").to_pylist() == merged.ts.tolist() and merged.offsets.tolist() == [0, 1, 2, 5, 6]
     assert rows.ukeys.tolist() == [1, 2, 9] and rows.offsets.tolist() == [0, 1, 3, 4]
     start, count = rows.ranges(np.array([2, 3, 9, -1, 100]))
     assert count.tolist() == [2, 0, 1, 0, 0] and start[[0, 2]].tolist() == [1, 3]

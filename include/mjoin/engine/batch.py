@@ -12,14 +12,25 @@ its partial results are written by the task and a further stage re-buckets them
 (with the deltas of the new class, for visibility) by the new class key.
 
 Commit (exactly-once): results go to ``results/<query>/batch=<B>/`` (cleared first,
-deterministic file names), state to version B; then the driver writes the state
-manifest (the commit point), the results' ``_SUCCESS`` and the metrics record.
+deterministic file names: one file per task and stage), state to version B; then the
+driver writes the state manifest (the commit point), the results' ``_SUCCESS`` and the
+metrics record.
+
+Pipelined interval runs (:meth:`BatchRunner.run_pipelined`): interval evaluation has the
+whole interval routed to key buckets up front, so one Spark job per *stage* runs every
+batch of the interval: each task takes its buckets' rows sorted by batch and runs
+:func:`~mjoin.engine.operator.process_bucket` batch after batch, the state staying in
+the task's memory. Same operator, same results and per-batch metrics, but no per-batch
+Spark job (in the trial and in the first benchmark, the per-batch job overhead was most
+of the batch time and hid the order). Only the final state is made durable (an interval
+run is a pure function of the lake: it is re-run, never resumed).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -69,6 +80,55 @@ def restore_conf(spark, before: dict) -> None:
             spark.conf.set(k, v)
 
 
+def conf_in_effect(spark) -> dict:
+    """The settings that decide the physical plan, as the session has them now (recorded per batch)."""
+    out = {k: spark.conf.get(k, None) for k in ENGINE_CONF}
+    out["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions", None)
+    out["spark.python.worker.reuse"] = spark.sparkContext.getConf().get("spark.python.worker.reuse", "true")
+    return out
+
+
+_NODE = re.compile(r"^[\s:|+\-]*(?:\*\(\d+\)\s*)?([A-Za-z]\w*)")
+_EXCHANGE = re.compile(r"Exchange (\w+\([^)]*\))")
+
+
+def physical_info(df) -> dict:
+    """What Spark will execute for ``df``, read from its executed physical plan (the same plan
+    ``collect`` then runs): operator names, join nodes (none: the probes run in the Python
+    tasks), exchanges with their partitioning, and whether adaptive execution wraps it."""
+    try:
+        text = df._jdf.queryExecution().executedPlan().toString()
+    except Exception as exc:  # informative only; never fails a batch
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    nodes = [m.group(1) for line in text.splitlines() if (m := _NODE.match(line))]
+    return {"nodes": nodes, "joins": [n for n in nodes if "Join" in n],
+            "exchanges": [re.sub(r"#\d+", "", e) for e in _EXCHANGE.findall(text)],
+            "python_operator": next((n for n in nodes if "Arrow" in n or "Python" in n or "Pandas" in n), None),
+            "adaptive": "AdaptiveSparkPlan" in text}
+
+
+def _buckets_of(t: pa.Table):
+    """``(class index, bucket, rows)`` for each (class, bucket) of a stage's rows."""
+    c_arr = np.asarray(t.column("_c").to_numpy(), dtype=np.int64)
+    b_arr = np.asarray(t.column("_b").to_numpy(), dtype=np.int64)
+    order = np.lexsort((b_arr, c_arr))
+    if not np.array_equal(order, np.arange(len(order))):
+        c_arr, b_arr = c_arr[order], b_arr[order]
+        t = t.take(order)
+    cuts = np.flatnonzero((np.diff(c_arr) != 0) | (np.diff(b_arr) != 0)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(c_arr)]))
+    for s, e in zip(starts, ends):
+        yield int(c_arr[s]), int(b_arr[s]), t.slice(int(s), int(e - s))
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    return tc.partitionId() if tc is not None else 0
+
+
 @dataclass
 class BatchInput:
     """The validated new tuples of one batch and what was rejected."""
@@ -86,26 +146,17 @@ class BatchInput:
 
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
                 cache_bytes: int, classes: tuple):
-    """The mapInArrow function of one stage (runs in Python workers)."""
+    """The mapInArrow function of one stage of one batch (runs in Python workers)."""
 
     def run(batches):
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if not tables:
             return
-        t = pa.concat_tables(tables)
-        c_arr = np.asarray(t.column("_c").to_numpy(), dtype=np.int64)
-        b_arr = np.asarray(t.column("_b").to_numpy(), dtype=np.int64)
-        order = np.lexsort((b_arr, c_arr))
-        c_arr, b_arr = c_arr[order], b_arr[order]
-        t = t.take(order)
-        cuts = np.flatnonzero((np.diff(c_arr) != 0) | (np.diff(b_arr) != 0)) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [len(c_arr)]))
-        for s, e in zip(starts, ends):
-            ci, bucket = int(c_arr[s]), int(b_arr[s])
+        t = pa.concat_tables(tables).combine_chunks()
+        part = _partition_id()
+        results, partials, docs = [], [], []
+        for ci, bucket, rows in _buckets_of(t):
             cls = classes[ci]
-            rows = t.slice(int(s), int(e - s))
-
             sources = {}
 
             def load(attr_class, stream, b):
@@ -115,13 +166,8 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
 
             out = process_bucket(ctx, cls, bucket, rows, load)
             t0 = time.perf_counter()
-            tag = f"s{ctx.stage}-{cls}-b{bucket:05d}"
-            if out.results:
-                res = pa.concat_tables(out.results)
-                write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), res)
-            if out.partials:
-                part = pa.concat_tables(out.partials)
-                write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), part)
+            results += out.results
+            partials += out.partials
             state = []
             for stream, update in out.new_state.items():
                 prev = prev_files.get(file_key(cls, stream, bucket))
@@ -132,8 +178,118 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             out.doc["state_sources"] = sources
             out.doc["state"] = state
             out.doc["write_seconds"] = time.perf_counter() - t0
-            out.doc["pid"] = os.getpid()
-            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(out.doc)]})
+            docs.append(out.doc)
+        t0 = time.perf_counter()
+        tag = f"s{ctx.stage}-p{part:05d}"
+        if results:  # one file per task (not per bucket): fewer, larger files
+            write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), pa.concat_tables(results))
+        if partials:
+            write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), pa.concat_tables(partials))
+        docs[-1]["write_seconds"] += time.perf_counter() - t0
+        pid = os.getpid()
+        for d in docs:
+            d["pid"] = pid
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
+
+    return run
+
+
+def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_root: str, partials_dir: str,
+                    cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None):
+    """The mapInArrow function of one stage of a pipelined interval run: the task's rows of every
+    batch arrive sorted by ``_batch``; each complete batch is run bucket by bucket against the
+    state the task keeps in memory (loaded once from the committed state before the first batch).
+    Stage 1 finally makes the last state durable (version ``final_version``)."""
+    from .operator import StateUpdate
+
+    def run(batches):
+        part = _partition_id()
+        pid = os.getpid()
+        state: dict = {}  # (class index, bucket) -> {stream: KeyedRows}
+        thresholds: dict = {}  # (class index, bucket, stream) -> purge threshold of the last batch
+        partials: list = []
+
+        def one_batch(b: int, t: pa.Table):
+            bctx = replace(ctx, batch_id=b, purge_bound=purge_bounds[b])
+            results, docs = [], []
+            for ci, bucket, rows in _buckets_of(t):
+                cls = classes[ci]
+                cur = state.get((ci, bucket))
+                sources: dict = {}
+
+                def load(attr_class, stream, bk, cur=cur, sources=sources):
+                    if cur is not None:
+                        sources[stream] = "memory"
+                        return cur.get(stream)
+                    got, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, bk)),
+                                                      key_name(attr_class), cache_bytes)
+                    return got
+
+                out = process_bucket(bctx, cls, bucket, rows, load)
+                state[(ci, bucket)] = {s: u.rows for s, u in out.new_state.items()}
+                for s, u in out.new_state.items():
+                    thresholds[(ci, bucket, s)] = u.threshold
+                results += out.results
+                if out.partials:
+                    p = pa.concat_tables(out.partials)
+                    partials.append(p.append_column("_batch", pa.array(np.full(p.num_rows, b, dtype=np.int32))))
+                out.doc["batch_id"] = b
+                out.doc["state_sources"] = sources
+                out.doc["state"] = [{"stream": s, "tuples": len(u.rows), "keys": u.rows.nkeys}
+                                    for s, u in out.new_state.items()] if ctx.stage == 1 else []
+                out.doc["write_seconds"] = 0.0
+                out.doc["pid"] = pid
+                docs.append(out.doc)
+            t0 = time.perf_counter()
+            if results:
+                write_parquet(fsutil.join(results_root, f"batch={b}", f"part-s{ctx.stage}-p{part:05d}.parquet"),
+                              pa.concat_tables(results))
+            if docs:
+                docs[-1]["write_seconds"] = time.perf_counter() - t0
+            for d in docs:
+                yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
+
+        def complete(tables):
+            t = pa.concat_tables(tables).combine_chunks()
+            bcol = np.asarray(t.column("_batch").to_numpy(), dtype=np.int64)
+            cuts = np.flatnonzero(np.diff(bcol)) + 1
+            for s, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(bcol)]))):
+                yield from one_batch(int(bcol[s]), t.slice(int(s), int(e - s)).drop_columns(["_batch"]))
+
+        pending, pending_batch = [], None
+        for rb in batches:
+            if not rb.num_rows:
+                continue
+            bcol = np.asarray(rb.column(rb.schema.get_field_index("_batch")).to_numpy(), dtype=np.int64)
+            if (pending_batch is not None and bcol[0] < pending_batch) or (np.diff(bcol) < 0).any():
+                raise RuntimeError("pipelined stage input is not sorted by _batch within the partition")
+            t = pa.Table.from_batches([rb])
+            if pending_batch is not None and bcol[-1] == pending_batch:
+                pending.append(t)
+                continue
+            # rows of batches before the last one seen here are complete
+            last = int(bcol[-1])
+            cut = int(np.searchsorted(bcol, last, side="left"))
+            done = pending + ([t.slice(0, cut)] if cut else [])
+            if done:
+                yield from complete(done)
+            pending, pending_batch = [t.slice(cut)], last
+        if pending:
+            yield from complete(pending)
+        tag = f"s{ctx.stage}-p{part:05d}"
+        if partials:
+            write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), pa.concat_tables(partials))
+        if final_version is not None and state:
+            t0 = time.perf_counter()
+            final = []
+            for (ci, bucket), streams in state.items():
+                for stream, rows in streams.items():
+                    thr = thresholds.get((ci, bucket, stream))
+                    entry = persist_state(state_root, final_version, classes[ci], stream, bucket, None,
+                                          StateUpdate(rows, rows, thr, True), cache_bytes)
+                    final.append({"class": classes[ci], "stream": stream, "bucket": bucket, "entry": entry})
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"final_state": final, "pid": pid,
+                                                                  "write_seconds": time.perf_counter() - t0})]})
 
     return run
 
@@ -227,13 +383,16 @@ class BatchRunner:
             deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
             routed = self.route(deltas)
             stage_input = self.partitioned(routed.unionByName(self.ticks()))
-        docs, stage_seconds = [], {}
+        conf = conf_in_effect(spark)
+        docs, stage_seconds, physical = [], {}, {}
         stage = 1
         while True:
             t0 = time.perf_counter()
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
                              eq.classes)
-            rows = stage_input.mapInArrow(fn, "doc string").collect()
+            mapped = stage_input.mapInArrow(fn, "doc string")
+            physical[f"stage{stage}"] = physical_info(mapped)
+            rows = mapped.collect()
             stage_docs = [json.loads(r.doc) for r in rows]
             docs += stage_docs
             stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
@@ -278,15 +437,129 @@ class BatchRunner:
         stage_seconds["commit"] = time.perf_counter() - t0
         record["stage_seconds"] = stage_seconds
         record["stages"] = stage
-        record["spark_strategies"] = {
-            "joins": "none: per-bucket index nested loops in mapInArrow tasks",
-            "delta_exchange": None if binput.routed is not None else f"hashpartitioning(_c, _b, {self.partitions})",
-            "partial_exchange": f"hashpartitioning(_c, _b, {self.partitions})" if stage > 1 else None}
+        record["spark_conf"] = conf
+        record["spark_plan"] = physical
+        record["spark_strategies"] = _strategies(physical)
+        record["execution"] = {"mode": "per-batch", "jobs": stage}
         record["shuffle_bytes"] = shuffle_bytes(spark, group)
         record["wall_seconds"] = time.perf_counter() - t_batch
         if write_metrics:
             write_record(self.metrics_dir, record)
         return record
+
+    # ---- every batch of an interval, one Spark job per stage ----------------------------------------
+    def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
+                      extras: dict | None = None, write_metrics: bool = True) -> list:
+        """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage.
+
+        ``routed``: their stage-1 rows with column ``_batch``, partitioned by ``(_c, _b)`` and sorted by
+        ``_batch`` within partitions (what :func:`mjoin.engine.interval.prepare_interval` caches);
+        ``inputs``: batch -> :class:`BatchInput` (counts); ``purge_bounds``: batch -> purge bound.
+        Returns one metrics record per batch, as :meth:`run` would, except that the Spark time is
+        measured per job: each batch's ``wall_seconds`` (and stage times) is the run's wall time
+        apportioned by the batch's share of the task time (``execution`` holds the exact totals)."""
+        spark, eq, cfg = self.spark, self.eq, self.config
+        extras = extras or {}
+        batches = sorted(batches)
+        first, last = batches[0], batches[-1]
+        if batches != list(range(first, last + 1)):
+            raise ValueError(f"pipelined batches must be consecutive, got {batches}")
+        started = datetime.now(timezone.utc)
+        t_run = time.perf_counter()
+        group = f"mjoin-{eq.name}-{self.mode}-{first}-{last}-{time.time_ns()}"
+        spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batches {first}..{last}", interruptOnCancel=False)
+        latest = self.store.latest()
+        if latest is not None and latest["version"] >= first:
+            raise EngineError(f"the state of {eq.name} is at batch {latest['version']}, not before batch {first}")
+        prev = self.store.latest_before(first)
+        prev_files = dict(prev["files"]) if prev else {}
+        for b in batches:
+            fsutil.remove(fsutil.join(self.results_root, f"batch={b}"))
+        tmp = self.store.tmp_dir(last)
+        fsutil.remove(tmp)
+        cache_bytes = cfg.state_cache_mb * 1024 * 1024
+        ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
+                            batch_id=first, stage=1, buckets=cfg.buckets, emit=True, purge_bound=None,
+                            prefilter_accounting=cfg.prefilter_accounting, track_state=True)
+        conf = conf_in_effect(spark)
+        docs, final, stage_seconds, physical = [], [], {}, {}
+        stage_input, stage = routed, 1
+        while True:
+            t0 = time.perf_counter()
+            fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, self.results_root, tmp,
+                                 cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None)
+            mapped = stage_input.mapInArrow(fn, "doc string")
+            physical[f"stage{stage}"] = physical_info(mapped)
+            stage_docs = []
+            for r in mapped.collect():
+                d = json.loads(r.doc)
+                if "final_state" in d:
+                    final.append(d)
+                else:
+                    stage_docs.append(d)
+            docs += stage_docs
+            stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
+            if not sum(c["partials"] for d in stage_docs for c in d["chains"]):
+                break
+            stage += 1
+            if stage > len(eq.streams):
+                raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
+            from pyspark.sql.types import IntegerType, StructField, StructType
+
+            schema = StructType(list(self.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
+            part_df = self.spark.read.schema(schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
+            # the classes the partial results enter: their deltas replay the state batch by batch
+            targets = sorted({eq.class_index(seg.attr_class) for ch in plan.chains.values() for seg in ch.segments[1:]})
+            replay = routed.where(f"_kind = 1 AND _c IN ({', '.join(map(str, targets))})")
+            stage_input = self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
+
+        t0 = time.perf_counter()
+        files = {}
+        for d in final:
+            for st in d["final_state"]:
+                if st["entry"]:
+                    files[file_key(st["class"], st["stream"], st["bucket"])] = st["entry"]
+        by_batch: dict = {b: [] for b in batches}
+        for d in docs:
+            by_batch[d["batch_id"]].append(d)
+        records = [self._record(b, inputs[b], plan, by_batch[b], started, extras.get(b, {})) for b in batches]
+        max_ts = max([v for v in [(prev or {}).get("max_ts")] + [inputs[b].max_ts for b in batches] if v is not None],
+                     default=None)
+        self.store.commit({"version": last, "batch_id": last, "query": eq.name, "query_fingerprint": eq.fingerprint,
+                           "buckets": cfg.buckets, "max_ts": max_ts,
+                           "watermark": None if max_ts is None else max_ts - eq.lateness_us,
+                           "plan_version": plan.version, "plan_source": plan.source, "files": files,
+                           "mode": self.mode, "pipelined_from": first,
+                           "tuples": records[-1]["state_tuples"], "keys": records[-1]["state_keys"]})
+        for b, rec in zip(batches, records):
+            fsutil.atomic_write_text(fsutil.join(self.results_root, f"batch={b}", "_SUCCESS"), json.dumps(
+                {"batch_id": b, "rows": rec["result_rows"], "columns": [f.name for f in self.result_schema],
+                 "plan_version": plan.version}))
+        self.store.gc(cfg.state_versions_kept)
+        fsutil.remove(tmp)
+        stage_seconds["commit"] = time.perf_counter() - t0
+        total = time.perf_counter() - t_run
+        shuffle = shuffle_bytes(spark, group)
+        work = {b: sum(d["seconds"] + d.get("write_seconds", 0.0) for d in by_batch[b]) for b in batches}
+        work_sum = sum(work.values())
+        execution = {"mode": "pipelined", "batches": [first, last], "jobs": stage, "wall_seconds": total,
+                     "stage_seconds": stage_seconds, "shuffle_bytes": shuffle,
+                     "final_state_write_seconds": sum(d["write_seconds"] for d in final),
+                     "apportioned_by": "task seconds per batch"}
+        for b, rec in zip(batches, records):
+            share = work[b] / work_sum if work_sum > 0 else 1.0 / len(batches)
+            rec["stage_seconds"] = {k: v * share for k, v in stage_seconds.items()}
+            rec["stages"] = stage
+            rec["spark_conf"] = conf
+            rec["spark_plan"] = physical
+            rec["spark_strategies"] = _strategies(physical)
+            rec["execution"] = execution
+            rec["shuffle_bytes"] = {k: (int(round(v * share)) if k != "stages" else v) for k, v in shuffle.items()}
+            rec["wall_seconds"] = total * share
+        if write_metrics:
+            for rec in records:
+                write_record(self.metrics_dir, rec)
+        return records
 
     # ---- metrics --------------------------------------------------------------------------------
     def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
@@ -308,32 +581,33 @@ class BatchRunner:
         agg = {}
         for d in docs:
             for c in d["chains"]:
-                a = agg.setdefault((c["stream"], c["group"]), {"rows_in": 0, "seconds": 0.0, "materialise_seconds": 0.0,
-                                                               "results": 0, "partials": 0, "steps": {}})
-                for k in ("rows_in", "seconds", "materialise_seconds", "results", "partials"):
-                    a[k] += c[k]
+                a = agg.setdefault((c["stream"], c["group"]), {"rows_in": 0, "seconds": 0.0, "cpu_seconds": 0.0,
+                                                               "materialise_seconds": 0.0, "results": 0, "partials": 0,
+                                                               "steps": {}})
+                for k in ("rows_in", "seconds", "cpu_seconds", "materialise_seconds", "results", "partials"):
+                    a[k] += c.get(k, 0)
                 for idx, st in c["steps"].items():
-                    s = a["steps"].setdefault(int(idx), {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
-                                                         "calls": 0})
+                    s = a["steps"].setdefault(int(idx), dict(_STEP_ZERO))
                     for k in s:
-                        s[k] += st[k]
+                        s[k] += st.get(k, 0)
         for g in plan.groups:
             for s in eq.streams:
                 chain = plan.chain(s, g)
-                a = agg.get((s, g), {"rows_in": 0, "seconds": 0.0, "materialise_seconds": 0.0, "results": 0,
-                                     "partials": 0, "steps": {}})
+                a = agg.get((s, g), {"rows_in": 0, "seconds": 0.0, "cpu_seconds": 0.0, "materialise_seconds": 0.0,
+                                     "results": 0, "partials": 0, "steps": {}})
                 steps = []
                 for k, (l, r, cls) in enumerate(chain.steps):
-                    st = a["steps"].get(k, {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0,
-                                            "calls": 0})
+                    st = a["steps"].get(k, _STEP_ZERO)
                     v = views.get((cls, r), {"old_keys": 0, "full_keys": 0})
                     kappa = v["full_keys"] if eq.index(r) < eq.index(s) else v["old_keys"]
                     steps.append({"left": l, "right": r, "attr_class": cls, "lookups": st["lookups"],
                                   "found": st["found"], "hits": st["hits"], "matches": st["matches"], "kappa": kappa,
-                                  "seconds": round(st["seconds"], 6), "calls": st["calls"],
+                                  "seconds": round(st["seconds"], 6), "cpu_seconds": round(st["cpu_seconds"], 6),
+                                  "calls": st["calls"],
                                   "strategy": "index-nested-loop",
                                   "stage": _stage_of(chain, k)})
                 chains.append({"stream": s, "group": g, "rows_in": a["rows_in"], "seconds": round(a["seconds"], 6),
+                               "cpu_seconds": round(a["cpu_seconds"], 6),
                                "materialise_seconds": round(a["materialise_seconds"], 6), "results": a["results"],
                                "steps": steps})
         pre = None
@@ -346,6 +620,7 @@ class BatchRunner:
         result_rows = sum(c["results"] for c in chains)
         quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0) for r in REASONS} for s in eq.streams}
         task_seconds = sum(d["seconds"] for d in docs)
+        task_cpu = sum(d.get("cpu_seconds", 0.0) for d in docs)
         record = {
             "query": eq.name, "engine": "mjoin", "mode": self.mode, "batch_id": batch_id,
             "plan_version": plan.version, "plan_strategy": plan.strategy, "plan_source": plan.source,
@@ -356,7 +631,7 @@ class BatchRunner:
             "state_keys": {s: state_keys.get(s, 0) for s in eq.streams}, "state_backend": "sorted",
             "chains": chains, "prefilter": pre,
             "buckets": self.config.buckets, "shuffle_partitions": self.partitions,
-            "task_seconds": round(task_seconds, 6),
+            "task_seconds": round(task_seconds, 6), "task_cpu_seconds": round(task_cpu, 6),
             "state_load_seconds": round(sum(d["load_seconds"] for d in docs), 6),
             "state_write_seconds": round(sum(d.get("write_seconds", 0.0) for d in docs), 6),
             "workers": sorted({d["pid"] for d in docs}),
@@ -365,6 +640,20 @@ class BatchRunner:
         }
         record.update(extra)
         return record
+
+
+_STEP_ZERO = {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0, "cpu_seconds": 0.0, "calls": 0}
+
+
+def _strategies(physical: dict) -> dict:
+    """What Spark chose, from the physical plans of a batch's stages: join nodes (expected none: the
+    probe orders run as index nested loops in the tasks, so Spark has no join to reorder), the
+    exchanges (partitioning) and the Python operator per stage, and whether AQE re-plans."""
+    return {"joins": sorted({j for p in physical.values() for j in p.get("joins", [])}),
+            "exchanges": {k: p.get("exchanges") for k, p in physical.items()},
+            "python_operator": {k: p.get("python_operator") for k, p in physical.items()},
+            "adaptive": any(p.get("adaptive") for p in physical.values()),
+            "probe": "index-nested-loop (sorted arrays, numpy) in the operator, in the plan's order"}
 
 
 def _count_sources(docs) -> dict:

@@ -5,9 +5,10 @@ and persists what it returns. Everything is a whole-array numpy operation per
 bucket, never a Python loop per key or per tuple (per-key Python cost ~2 ms per
 key group in the trial, see docs/engine.md).
 
-State: per (attribute class, stream, bucket) a :class:`KeyedRows`, rows sorted by
-``(key, ts)`` with a CSR index (unique keys + offsets): a sorted-array state, so a
-lookup costs ``log(kappa)`` (ALGORITHMS.md Eq. 6).
+State: per (attribute class, stream, bucket) a :class:`KeyedRows`, rows sorted by key
+(stable: arrival order within a key) with a CSR index (unique keys + offsets): a
+sorted-array state, so a lookup costs ``log(kappa)`` (ALGORITHMS.md Eq. 6). Adding a
+batch's rows merges two sorted runs (numpy's stable sort is a timsort: linear here).
 
 Probing within one attribute class is factorised (the paper's model, rho = 1):
 a *group* is a delta tuple (or, after a class change, one materialised partial
@@ -18,6 +19,10 @@ Eq. 9-11); groups without a match die. Only after the segment's last step are
 the surviving groups' cross products materialised, with the exact pairwise
 window check. So the probing cost follows the order (q f(kappa) + s per step)
 and the materialisation is the same work for every order.
+
+Timing: every step, chain and bucket reports wall time (``seconds``) and the thread's CPU
+time (``cpu_seconds``); on a shared machine the CPU time is the stable measure of the
+work (other processes inflate wall time, not CPU time), which calibration uses.
 
 Time: a partial result keeps ``lo = max ts`` and ``hi = min(ts_i + W_i)`` of its
 members; a tuple ``r`` may join iff ``ts_r > lo - W_r`` and ``ts_r < hi``. That
@@ -67,18 +72,22 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
 
 
 class KeyedRows:
-    """Rows of one stream in one (class, bucket), sorted by (key, ts), indexed by key (CSR)."""
+    """Rows of one stream in one (class, bucket), sorted by key (stable), indexed by key (CSR)."""
 
     __slots__ = ("table", "key_col", "key", "ts", "ukeys", "offsets", "_keys")
 
     def __init__(self, table: pa.Table, key_col: str, presorted: bool = False):
+        if any(c.num_chunks > 1 for c in table.columns):
+            table = table.combine_chunks()
         key, _ = int_column(table, key_col)
         ts, _ = int_column(table, "_ts")
-        if not presorted and len(key) > 1:
-            order = np.lexsort((ts, key))
-            if not np.array_equal(order, np.arange(len(order))):
-                table = table.take(order)
-                key, ts = key[order], ts[order]
+        if not presorted and len(key) > 1 and not bool((key[1:] >= key[:-1]).all()):
+            order = np.argsort(key, kind="stable")
+            table = table.take(order)
+            key, ts = key[order], ts[order]
+        self._init(table, key_col, key, ts)
+
+    def _init(self, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray) -> None:
         self.table = table
         self.key_col = key_col
         self.key = key
@@ -91,6 +100,13 @@ class KeyedRows:
             self.ukeys = EMPTY
             self.offsets = np.zeros(1, dtype=np.int64)
         self._keys = {key_col: key}
+
+    @classmethod
+    def _sorted(cls, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray) -> "KeyedRows":
+        """From rows already sorted by key, with their key and time arrays (no re-extraction)."""
+        out = cls.__new__(cls)
+        out._init(table, key_col, key, ts)
+        return out
 
     @classmethod
     def empty(cls, schema: pa.Schema, key_col: str) -> "KeyedRows":
@@ -128,13 +144,17 @@ class KeyedRows:
         return self.ranges(keys)[1] > 0
 
     def concat(self, other: "KeyedRows") -> "KeyedRows":
-        """This state plus new rows (``other``), re-sorted; ``self`` if there is nothing new."""
+        """This state plus new rows (``other``), merged by key; ``self`` if there is nothing new.
+        The stable sort of two sorted runs is a linear merge (timsort); old rows stay first."""
         if len(other) == 0:
             return self
         if len(self) == 0:
             return other
+        key = np.concatenate([self.key, other.key])
+        order = np.argsort(key, kind="stable")
         table = pa.concat_tables([self.table, other.table.select(self.table.column_names).cast(self.table.schema)])
-        return KeyedRows(table, self.key_col)
+        return KeyedRows._sorted(table.take(order), self.key_col, key[order],
+                                 np.concatenate([self.ts, other.ts])[order])
 
     def purge(self, threshold: int | None) -> "KeyedRows":
         """Drop rows with ``ts <= threshold`` (they can join no future tuple); ``self`` if none."""
@@ -144,7 +164,7 @@ class KeyedRows:
         if keep.all():
             return self
         idx = np.flatnonzero(keep)
-        return KeyedRows(self.table.take(idx), self.key_col, presorted=True)
+        return KeyedRows._sorted(self.table.take(idx), self.key_col, self.key[idx], self.ts[idx])
 
 
 # ---- groups and segments -------------------------------------------------------------
@@ -176,12 +196,14 @@ class StepStats:
     found: int = 0  # lookups whose key is in the state
     hits: int = 0  # lookups with >= 1 time-compatible match (m)
     matches: int = 0  # time-compatible matching tuples (s)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time
+    cpu_seconds: float = 0.0  # CPU time of the thread (not inflated by other processes)
     calls: int = 0  # vectorised lookups issued (one per bucket and chain with groups alive)
 
     def to_json(self) -> dict:
         return {"left": self.left, "right": self.right, "lookups": self.lookups, "found": self.found,
-                "hits": self.hits, "matches": self.matches, "seconds": self.seconds, "calls": self.calls}
+                "hits": self.hits, "matches": self.matches, "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds, "calls": self.calls}
 
 
 @dataclass
@@ -197,7 +219,7 @@ def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
     matches, stats = [], []
     for left, right in steps:
         st = StepStats(left, right)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if len(alive):
             view = views[right]
             start, count = view.ranges(groups.key[alive])
@@ -214,6 +236,7 @@ def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
         else:
             grp = cand = EMPTY
         st.seconds = time.perf_counter() - t0
+        st.cpu_seconds = time.thread_time() - c0
         matches.append((grp, cand))
         stats.append(st)
     return SegmentRun(alive, matches, stats)
@@ -310,6 +333,9 @@ class BucketContext:
     emit: bool = True  # False: warm-up (only build state)
     purge_bound: int | None = None  # every future row has ts >= this (micros)
     prefilter_accounting: bool = True
+    #: compute the bucket's next state in stages after the first too (pipelined interval runs
+    #: replay the state of a class while probing the partial results routed to it)
+    track_state: bool = False
 
     def state_schema(self, stream: str) -> pa.Schema:
         return pa.schema([self.frame_schema.field(c) for c in self.eq.state_columns(stream)])
@@ -337,7 +363,7 @@ class BucketOutput:
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
                  attr_class: str) -> KeyedRows:
     sel = np.flatnonzero((kind == KIND_DELTA) & (s_idx == ctx.eq.index(stream)))
-    table = rows.take(sel).select(ctx.eq.state_columns(stream)).cast(ctx.state_schema(stream))
+    table = rows.select(ctx.eq.state_columns(stream)).take(sel).cast(ctx.state_schema(stream))
     return KeyedRows(table, key_name(attr_class))
 
 
@@ -391,7 +417,7 @@ def _partial_table(ctx: BucketContext, payload: dict, mat: Materialised, chain_i
 
 
 def _chain_doc(stream: str, group: int, rows_in: int) -> dict:
-    return {"stream": stream, "group": group, "rows_in": rows_in, "steps": {}, "seconds": 0.0,
+    return {"stream": stream, "group": group, "rows_in": rows_in, "steps": {}, "seconds": 0.0, "cpu_seconds": 0.0,
             "materialise_seconds": 0.0, "results": 0, "partials": 0}
 
 
@@ -399,7 +425,7 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     """Probe one segment, materialise, then emit results (chain complete) or partials (class change)."""
     eq = ctx.eq
     steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     run = probe(groups, steps, views, eq.window_us)
     t1 = time.perf_counter()
     mat = materialise(groups, run, steps, views, eq)
@@ -416,6 +442,7 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     for k, st in enumerate(run.stats):
         chain_doc["steps"][str(seg.start + k)] = st.to_json()
     chain_doc["seconds"] += t2 - t0
+    chain_doc["cpu_seconds"] += time.thread_time() - c0
     chain_doc["materialise_seconds"] += t2 - t1
 
 
@@ -455,7 +482,7 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
     the bucket's next state (old + new tuples, purged) in ``new_state``.
     """
     eq, plan = ctx.eq, ctx.plan
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.thread_time()
     members = eq.members(attr_class)
     kcol = key_name(attr_class)
     kind = np.asarray(rows.column("_kind").to_numpy(zero_copy_only=False), dtype=np.int8) if rows.num_rows else np.zeros(0, np.int8)
@@ -512,7 +539,7 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 groups = _groups_from_partials(ctx, part.take(sel), attr_class)
                 _run_segment(ctx, out, doc, groups, chain, seg, views)
                 chains.append(doc)
-    if ctx.stage == 1:
+    if ctx.stage == 1 or ctx.track_state:
         for j in members:
             threshold = None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j]
             new = full[j].purge(threshold)
@@ -521,4 +548,5 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
     out.doc["views"] = {j: {"old_keys": old[j].nkeys, "full_keys": full[j].nkeys, "old_tuples": len(old[j]),
                             "full_tuples": len(full[j])} for j in members}
     out.doc["seconds"] = time.perf_counter() - t_start
+    out.doc["cpu_seconds"] = time.thread_time() - c_start
     return out

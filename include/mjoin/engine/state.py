@@ -2,7 +2,7 @@
 
 Layout under ``<lake>/state/<query>/``::
 
-    v00000007/c0/cu/b00003-<id>.arrow   rows sorted by (key, ts): _ts, _k_<class>..., payload
+    v00000007/c0/cu/b00003-<id>.arrow   rows sorted by key: _ts, _k_<class>..., payload
     manifests/v00000007.json            the commit of batch 7: per (class, stream, bucket) the files
                                         holding its state, the purge threshold, counts; the max
                                         event time seen, the plan version
