@@ -82,6 +82,42 @@ def test_coefficients_stay_non_negative():
     assert model.alpha_m == 0.0
 
 
+def test_overhead_per_call_and_cpu_time_field():
+    """Engine steps sum over buckets: the fixed cost is per vectorised call, fitted as such; with
+    ``time_field="auto"`` the CPU time is used when every step reports it."""
+    rng = np.random.default_rng(4)
+    obs = synthetic(overhead=0.0, noise=0.002)
+    for o in obs:
+        o["calls"] = int(rng.integers(1, 17))
+        o["cpu_seconds"] = o["seconds"] + 5e-4 * o["calls"]
+        o["seconds"] = o["cpu_seconds"] * rng.uniform(1, 3)  # wall time inflated by other processes
+    model, report = calibrate(obs, time_field="auto")
+    assert report["time_field"] == "cpu_seconds" and report["overhead_term"] == "calls"
+    assert report["overhead_seconds_per_call"] == pytest.approx(5e-4, rel=0.1)
+    assert model.alpha_q == pytest.approx(2e-7, rel=0.05) and model.alpha_m == pytest.approx(5e-8, rel=0.05)
+    assert model.calibration["time_field"] == "cpu_seconds" and report["r2"] > 0.99
+    wall, wall_report = calibrate(obs, time_field="seconds")
+    assert wall_report["r2"] < report["r2"]
+    with pytest.raises(CalibrationError, match="time field"):
+        calibrate(obs, time_field="minutes")
+    # steps that never ran (no groups alive: no lookups, no calls) carry no information
+    _, rep = calibrate(obs + [{"lookups": 0, "matches": 0, "kappa": 5, "seconds": 0.0, "cpu_seconds": 0.0, "calls": 0}],
+                       time_field="cpu_seconds")
+    assert rep["rejected"] == {"no lookups (step not run)": 1}
+
+
+def test_reader_reads_each_engine_batch_once(tmp_path):
+    """An interval run's metrics folder holds batch=<B>.json and metrics.jsonl with the same records."""
+    recs = engine_records(synthetic(n=40))
+    d = tmp_path / "metrics" / "q"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    for r in recs:
+        (d / f"batch={r['batch_id']}.json").write_text(json.dumps(r))
+    obs, counts = read_observations(tmp_path / "metrics")
+    assert counts["records"] == len(recs) and len(obs) == 40
+
+
 def test_too_few_observations():
     with pytest.raises(CalibrationError, match="3 usable observation"):
         calibrate(synthetic(n=3))
@@ -158,3 +194,71 @@ def test_cli_calibrate_then_optimize(capsys, tmp_path, seed_query):
     (tmp_path / "few.jsonl").write_text(json.dumps(engine_records(synthetic(n=3), per_batch=3)[0]))
     assert main(["calibrate", "--metrics", str(tmp_path / "few.jsonl"), "--out", str(out)]) == 2
     assert "calibration needs at least" in capsys.readouterr().err
+
+
+# ---- calibration from the real engine's metrics -------------------------------------------------
+
+@pytest.mark.spark
+def test_calibrate_from_real_engine_metrics(spark, tmp_path):
+    """Run the engine (4 orders of a synthetic 4-stream query, 4 cycles each), calibrate from its
+    metrics, check the fit is sane, then write the model where the loop reads it and optimize with it."""
+    import random
+
+    from engine_helpers import T0
+    from mjoin.calibrate import calibrate_from_lake, engine_observations, predict_step_seconds
+    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.interval import run_interval_plans
+    from mjoin.lake import Lake
+    from mjoin.optimize import optimize
+    from mjoin.optimizers.synthetic import random_statistics
+    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.query import load_query
+    from mjoin.workloads import generate_synthetic
+
+    # ~100 tuples/s per stream over 20000 keys: thousands of lookups per step, few results
+    root = tmp_path / "w"
+    generate_synthetic(root, streams=4, duration="3m", rate=100, domain=20000, window="1m", cycle="30s", seed=2)
+    q = load_query(str(root / "query.yaml"))
+    perms = [["s0", "s1", "s2", "s3"], ["s3", "s2", "s1", "s0"], ["s1", "s3", "s0", "s2"], ["s2", "s0", "s3", "s1"]]
+    plans = {"".join(p): make_plan(q, orders_from_permutation(q, p), "fixed") for p in perms}
+    summaries = run_interval_plans(spark, q, plans, Lake(str(root)), T0 + 60, T0 + 180, 30, str(tmp_path / "out"),
+                                   config=EngineConfig(buckets=1))
+    records = [r for s in summaries.values() for r in read_metrics(s.metrics_path)]
+    obs = engine_observations(records)
+    assert all("cpu_seconds" in o and "calls" in o for o in obs)
+
+    model, report = calibrate(obs, "auto", time_field="auto")
+    assert report["time_field"] == "cpu_seconds" and report["overhead_term"] == "calls"
+    assert report["used"] >= 150 and model.state == "sorted" and model.calibrated
+    # costs are positive: a lookup and a matched tuple both cost time
+    assert model.alpha_m > 0 and model.query_cost(1000) > 0
+    # the fitted model explains the measured step times, and much better than a model blind to the
+    # order (every step of a chain costs the same, scaled by the chain's new tuples)
+    used = [o for o in obs if o["lookups"] > 0]
+    measured = np.array([o["cpu_seconds"] for o in used])
+    predicted = predict_step_seconds(model, used, report["overhead_seconds_per_call"])
+    r_model = np.corrcoef(predicted, measured)[0, 1]
+    blind = np.array([c["rows_in"] for r in records for c in r["chains"] for st in c["steps"] if st["lookups"] > 0])
+    r_blind = np.corrcoef(blind, measured)[0, 1]
+    assert r_model > 0.6 and r_model > r_blind + 0.2, (r_model, r_blind, report["r2"])
+    assert report["r2"] > 0.3
+
+    # the library path: <lake>/plans/<query>/cost_model.json, which the loop and the optimizer read
+    lake = Lake(str(tmp_path / "out" / "s0s1s2s3"))
+    loaded_model, rep, path = calibrate_from_lake(lake, q.name)
+    assert path.endswith(f"plans/{q.name}/cost_model.json") and rep["records"] == 4
+    assert CostModel.load(path) == loaded_model and loaded_model.calibration["time_field"] == "cpu_seconds"
+    stats = random_statistics(q, random.Random(3))
+    plan = optimize(q, stats, "exact", cost_model=path)
+    assert plan.cost_model["calibrated"] is True and plan.cost_model["alpha_m"] == pytest.approx(loaded_model.alpha_m)
+    # the command does the same
+    import os
+
+    os.remove(path)
+    assert main(["calibrate", "--lake", lake.root, "--query", q.name]) == 0
+    assert CostModel.load(path).calibrated
+    with pytest.raises(CalibrationError, match="below"):
+        calibrate_from_lake(lake, q.name, min_r2=1.01, out=tmp_path / "never.json")
+    assert not (tmp_path / "never.json").exists()
+    with pytest.raises(CalibrationError, match="no engine metrics"):
+        calibrate_from_lake(tmp_path / "empty", q.name)

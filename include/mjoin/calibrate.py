@@ -19,9 +19,16 @@ which is linear in the unknowns once ``f`` is expanded:
 The fit is non-negative least squares (``scipy.optimize.nnls``): the coefficients are
 costs, and a negative one (which plain least squares returns when timing noise is
 large, or columns are nearly collinear) would make the optimizer *prefer* more lookups
-or matches. ``b3`` (per-step overhead: a numpy call, a Spark task slice) is the same for
-every order of the same length and is reported, not put in the model. Coefficients are
-in seconds, so plan costs become seconds of probing per second of input.
+or matches. ``b3`` (overhead) is the same for every order of the same length and is
+reported, not put in the model. When the observations say how many vectorised calls
+made them (the engine's ``calls``: one per bucket and batch that had groups alive), the
+overhead is fitted per call (``b3 calls``), since a step summed over 16 buckets pays it
+16 times; otherwise as one constant per observation. Coefficients are in seconds, so
+plan costs become seconds of probing per second of input.
+
+The time measured is ``seconds`` (wall) or, when the engine reports it, ``cpu_seconds``
+(the thread's CPU time): on a shared machine other processes inflate wall time but not
+CPU time, so :func:`calibrate_from_lake` prefers it.
 """
 from __future__ import annotations
 
@@ -41,6 +48,8 @@ from .cost import STATES, CostModel
 log = logging.getLogger(__name__)
 
 FIELDS = ("lookups", "matches", "kappa", "seconds")
+TIME_FIELDS = ("seconds", "cpu_seconds")
+COST_MODEL_FILE = "cost_model.json"
 #: c is set to at most this when the lookup time shows no dependence on kappa (f nearly constant)
 C_MAX = 1e6
 #: log2(kappa) must span at least this much for c to be identified (sorted state)
@@ -89,7 +98,11 @@ def read_observations(paths) -> tuple[list[dict], dict]:
             continue
         p = Path(p)
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json") and f.is_file())
+            found = sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json") and f.is_file())
+            # an engine metrics folder holds each batch twice (batch=<B>.json and, after an interval
+            # run, metrics.jsonl): read the per-batch files only
+            batch_dirs = {f.parent for f in found if f.name.startswith("batch=") and f.suffix == ".json"}
+            files += [f for f in found if not (f.name == "metrics.jsonl" and f.parent in batch_dirs)]
         else:
             files.append(p)
     if not files:
@@ -130,32 +143,37 @@ def read_observations(paths) -> tuple[list[dict], dict]:
 
 # ---- the fit ---------------------------------------------------------------------------------
 
-def _clean(observations: Iterable[dict], state: str) -> tuple[np.ndarray, Counter, int]:
-    """``(rows (k, 4): lookups, matches, kappa, seconds; rejected reasons; total)``."""
+def _clean(observations: Iterable[dict], state: str, time_field: str = "seconds") -> tuple[np.ndarray, Counter, int]:
+    """``(rows (k, 5): lookups, matches, kappa, time, calls (NaN if absent); rejected reasons; total)``."""
+    fields = ("lookups", "matches", "kappa", time_field)
     rows, rejected, total = [], Counter(), 0
     for obs in observations:
         total += 1
         if not isinstance(obs, dict):
             rejected["not an object"] += 1
             continue
-        missing = [f for f in FIELDS if obs.get(f) is None]
+        missing = [f for f in fields if obs.get(f) is None]
         if missing:
             rejected[f"missing {missing[0]}"] += 1
             continue
         try:
-            vals = [float(obs[f]) for f in FIELDS]
+            vals = [float(obs[f]) for f in fields]
+            calls = float(obs["calls"]) if obs.get("calls") is not None else math.nan
         except (TypeError, ValueError):
             rejected["not a number"] += 1
             continue
-        if not all(math.isfinite(v) and v >= 0 for v in vals):
+        if not all(math.isfinite(v) and v >= 0 for v in vals) or calls < 0 or math.isinf(calls):
             rejected["negative or not finite"] += 1
             continue
         backend = obs.get("state_backend")
         if backend is not None and backend != state:
             rejected[f"state_backend {backend} (fitting {state})"] += 1
             continue
-        rows.append(vals)
-    return np.array(rows, dtype=float).reshape(-1, 4), rejected, total
+        if vals[0] == 0 and (math.isnan(calls) or calls == 0):
+            rejected["no lookups (step not run)"] += 1
+            continue
+        rows.append(vals + [calls])
+    return np.array(rows, dtype=float).reshape(-1, 5), rejected, total
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, names: list[str]) -> np.ndarray:
@@ -177,29 +195,42 @@ def _nnls(X: np.ndarray, y: np.ndarray, names: list[str]) -> np.ndarray:
     return coef / norms
 
 
+def _time_field(observations: list, time_field: str) -> str:
+    if time_field == "auto":
+        steps = [o for o in observations if isinstance(o, dict)]
+        return "cpu_seconds" if steps and all(o.get("cpu_seconds") is not None for o in steps) else "seconds"
+    if time_field not in TIME_FIELDS:
+        raise CalibrationError(f"time field {time_field!r}: one of {', '.join(TIME_FIELDS)} (or auto)")
+    return time_field
+
+
 def calibrate(observations: Iterable[dict], state: str = "sorted", *, intercept: bool = True,
               min_observations: int | None = None, base: CostModel | None = None,
-              source: str | None = None) -> tuple[CostModel, dict]:
+              source: str | None = None, time_field: str = "seconds") -> tuple[CostModel, dict]:
     """Fit ``alpha_q, alpha_m`` (and ``c`` for a sorted state, ``m_slots`` for a hash state) by
     non-negative least squares. Returns the calibrated :class:`CostModel` and a report
     (R^2, residuals, rejected observations by reason, which coefficients were identified).
 
     ``state="auto"`` takes the observations' ``state_backend`` when they agree (else sorted).
+    ``time_field``: ``seconds``, ``cpu_seconds`` or ``auto`` (CPU time when every observation has it).
+    The overhead term is per call when every usable observation has ``calls``, else per observation.
     Raises :class:`CalibrationError` with too few usable observations or no variation."""
     observations = list(observations)
+    time_field = _time_field(observations, time_field)
     if state == "auto":
         backends = {o.get("state_backend") for o in observations if isinstance(o, dict)} - {None}
         state = backends.pop() if len(backends) == 1 else "sorted"
     if state not in STATES:
         raise CalibrationError(f"state {state!r}: one of {', '.join(STATES)} (or auto)")
     base = base or CostModel(state=state)
-    data, rejected, total = _clean(observations, state)
-    lookups, matches, kappa, seconds = data.T if data.size else (np.zeros(0),) * 4
+    data, rejected, total = _clean(observations, state, time_field)
+    lookups, matches, kappa, seconds, calls = data.T if data.size else (np.zeros(0),) * 5
+    per_call = bool(len(calls)) and not np.isnan(calls).any()
     notes = []
 
     def design(cols: dict) -> tuple[np.ndarray, list[str]]:
         if intercept:
-            cols = {**cols, "overhead": np.ones_like(seconds)}
+            cols = {**cols, **({"calls": calls} if per_call else {"overhead": np.ones_like(seconds)})}
         return np.column_stack(list(cols.values())), list(cols)
 
     if state == "sorted":
@@ -261,14 +292,18 @@ def calibrate(observations: Iterable[dict], state: str = "sorted", *, intercept:
     ss_tot = float(((seconds - seconds.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     rel = np.abs(resid) / np.maximum(seconds, 1e-12)
+    overhead = float(coef.get("overhead", 0.0)) if not per_call else 0.0
     report = {
         "state": state,
+        "time_field": time_field,
         "observations": total,
         "used": int(len(data)),
         "rejected": dict(rejected),
         "design": names,
         "coefficients": {k: float(v) for k, v in coef.items()},
-        "overhead_seconds_per_step": float(coef.get("overhead", 0.0)),
+        "overhead_seconds_per_step": overhead,
+        "overhead_seconds_per_call": float(coef.get("calls", 0.0)),
+        "overhead_term": ("calls" if per_call else "constant") if intercept else None,
         "identified": identified,
         "r2": r2,
         "rmse_seconds": math.sqrt(ss_res / len(data)),
@@ -276,12 +311,70 @@ def calibrate(observations: Iterable[dict], state: str = "sorted", *, intercept:
                       "p50_relative": float(np.quantile(rel, 0.5)), "p90_relative": float(np.quantile(rel, 0.9))},
         "notes": notes,
     }
+    report["correlation"] = float(np.corrcoef(pred, seconds)[0, 1]) if len(seconds) > 1 and pred.std() > 0 \
+        and seconds.std() > 0 else None
     summary = {"fitted_at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"), "n": int(len(data)),
                "r2": round(r2, 6), "rmse_seconds": report["rmse_seconds"],
-               "overhead_seconds_per_step": report["overhead_seconds_per_step"], "method": "nnls"}
+               "overhead_seconds_per_step": report["overhead_seconds_per_step"],
+               "overhead_seconds_per_call": report["overhead_seconds_per_call"], "time_field": time_field,
+               "method": "nnls"}
     if source:
         summary["source"] = source
     model = replace(base, **fields, calibrated=True, calibration=summary)
     for note in notes:
         log.info("calibration: %s", note)
     return model, report
+
+
+# ---- predictions and the engine's own metrics ----------------------------------------------------
+
+def predict_step_seconds(model: CostModel, observations: Iterable[dict], overhead_per_call: float = 0.0,
+                         overhead_per_step: float = 0.0) -> np.ndarray:
+    """The model's time of each probe step: ``alpha_q f(kappa) lookups + alpha_m matches`` (Eq. 4, 7)
+    plus the fitted overhead (per call or per step); what a calibration is checked against."""
+    obs = list(observations)
+    q = np.array([float(o["lookups"]) for o in obs])
+    s = np.array([float(o["matches"]) for o in obs])
+    k = np.array([float(o["kappa"]) for o in obs])
+    calls = np.array([float(o.get("calls") or 0) for o in obs])
+    return model.alpha_q * model.f(k) * q + model.alpha_m * s + overhead_per_call * calls + overhead_per_step
+
+
+def engine_observations(records: Iterable[dict]) -> list[dict]:
+    """Every probe step of engine metrics records (``chains[].steps[]``) as observations."""
+    return [o for rec in records for o in observations_from_batch(rec)]
+
+
+def calibrate_from_lake(lake, query, *, out=None, time_field: str = "auto", last: int | None = None,
+                        min_r2: float | None = None, min_observations: int | None = None) -> tuple[CostModel, dict, str]:
+    """Fit the cost model to the engine's metrics of ``query`` in ``lake`` (``<lake>/metrics/<query>/``)
+    and write it to ``out`` (default ``<lake>/plans/<query>/cost_model.json``, which the
+    re-optimization loop reads when present). Returns ``(model, report, path)``.
+
+    ``last``: use only the newest ``last`` batches. ``time_field="auto"``: CPU time when the metrics
+    have it. ``min_r2``: refuse (:class:`CalibrationError`, nothing written) a fit explaining less of
+    the measured time than that, so a caller keeps its previous model instead of a noise fit."""
+    from . import fsutil
+    from .engine.metrics import read_metrics
+    from .lake import Lake
+
+    lake = lake if isinstance(lake, Lake) else Lake(str(lake))
+    name = query if isinstance(query, str) else query.name
+    try:
+        records = read_metrics(lake, name)
+    except FileNotFoundError:
+        raise CalibrationError(f"no engine metrics for {name} in {lake.metrics(name)}") from None
+    records = [r for r in records if r.get("engine", "mjoin") == "mjoin"]
+    if last:
+        records = records[-int(last):]
+    obs = engine_observations(records)
+    model, report = calibrate(obs, "auto", min_observations=min_observations, time_field=time_field,
+                              source=f"{lake.metrics(name)} ({len(records)} batches)")
+    report["records"] = len(records)
+    report["batches"] = [records[0]["batch_id"], records[-1]["batch_id"]] if records else []
+    if min_r2 is not None and report["r2"] < min_r2:
+        raise CalibrationError(f"the fit explains R^2 = {report['r2']:.3f} of the measured step time, below "
+                               f"{min_r2}: not written (too little or too noisy work in these batches)")
+    path = str(out) if out else fsutil.join(lake.plans(name), COST_MODEL_FILE)
+    model.save(path)
+    return model, report, path
