@@ -111,8 +111,9 @@ def _buckets_of(t: pa.Table):
     """``(class index, bucket, rows)`` for each (class, bucket) of a stage's rows."""
     c_arr = np.asarray(t.column("_c").to_numpy(), dtype=np.int64)
     b_arr = np.asarray(t.column("_b").to_numpy(), dtype=np.int64)
-    order = np.lexsort((b_arr, c_arr))
-    if not np.array_equal(order, np.arange(len(order))):
+    cb = c_arr * (int(b_arr.max()) + 1) + b_arr if len(b_arr) else b_arr
+    if (np.diff(cb) < 0).any():  # not already sorted by (class, bucket)
+        order = np.argsort(cb, kind="stable")
         c_arr, b_arr = c_arr[order], b_arr[order]
         t = t.take(order)
     cuts = np.flatnonzero((np.diff(c_arr) != 0) | (np.diff(b_arr) != 0)) + 1

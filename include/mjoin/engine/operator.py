@@ -254,9 +254,11 @@ class Materialised:
         return len(self.grp)
 
 
-def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQuery) -> Materialised:
+def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQuery,
+                lookup_col: str | None = None) -> Materialised:
     """Cross products of the surviving groups' matches, with the exact pairwise window check
-    and residual equality on keys of other classes (cyclic graphs across classes)."""
+    and residual equality on keys of other classes (cyclic graphs across classes). The
+    segment's own key (``lookup_col``) is equal by construction: not re-checked."""
     rows = run.alive
     lo, hi = groups.lo[rows], groups.hi[rows]
     bound = {k: (v[rows], m[rows]) for k, (v, m) in groups.bound.items()}
@@ -277,6 +279,8 @@ def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQ
         new_bound = {}
         for cls in eq.stream_classes[right]:
             col = key_name(cls)
+            if col == lookup_col and col in bound:
+                continue  # the candidates were fetched by this key
             kv = view.keys_of(col)[cand]
             if col in bound:
                 vals, known = bound[col][0][rep], bound[col][1][rep]
@@ -363,7 +367,14 @@ class BucketOutput:
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
                  attr_class: str) -> KeyedRows:
     sel = np.flatnonzero((kind == KIND_DELTA) & (s_idx == ctx.eq.index(stream)))
-    table = rows.select(ctx.eq.state_columns(stream)).take(sel).cast(ctx.state_schema(stream))
+    cols = ctx.eq.state_columns(stream)
+    if len(sel) and int(sel[-1]) - int(sel[0]) + 1 == len(sel):  # contiguous (input sorted by stream): a view
+        table = rows.slice(int(sel[0]), len(sel)).select(cols)
+    else:
+        table = rows.select(cols).take(sel)
+    schema = ctx.state_schema(stream)
+    if not table.schema.equals(schema):
+        table = table.cast(schema)
     return KeyedRows(table, key_name(attr_class))
 
 
@@ -428,7 +439,7 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     t0, c0 = time.perf_counter(), time.thread_time()
     run = probe(groups, steps, views, eq.window_us)
     t1 = time.perf_counter()
-    mat = materialise(groups, run, steps, views, eq)
+    mat = materialise(groups, run, steps, views, eq, key_name(seg.attr_class))
     payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
     if seg.end == len(chain.steps):
         if len(mat):
