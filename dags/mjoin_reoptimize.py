@@ -11,7 +11,9 @@ dry run. In continuous mode (`mode=continuous`, a join job started by mjoin_join
 `join` is skipped and `await_switch` waits until the running job's batches run the new
 version (else rolls back and fails); in cycle mode `await_switch` is skipped. Backfill
 runs always use cycle mode, in the `eval/backfill` namespace. `gates` overrides gate
-thresholds for the run. `record` always runs and writes the run's outcome.
+thresholds for the run. `record` always runs and writes the run's outcome; it is a
+teardown task, so the run's state is the steps' (a failed gate or switch fails the run,
+"no change" and dry runs succeed).
 Logic lives in mjoin.reoptimize (docs/orchestration.md); this file only wires it.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_env
@@ -138,7 +140,7 @@ def mjoin_reoptimize():
 
         return _step(reoptimize.await_switch, ctx, deployed)
 
-    @task(trigger_rule="all_done")
+    @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
     def record(ctx: dict):
         from mjoin import reoptimize
 

@@ -135,3 +135,16 @@ def test_rollback_trusts_active_when_the_log_missed_the_last_change(lake, seed_q
     lines = open(log).read().splitlines()
     open(log, "w").write(lines[0] + "\n")  # the v2 line was lost
     assert reg.rollback().version == v1 and reg.active_version() == v1
+
+
+def test_plans_rollback_command_twice_and_with_expected_version(lake, seed_query, capsys):
+    from mjoin.cli import main
+
+    reg = PlanRegistry(lake, seed_query.name)
+    for perm in (["cu", "sr", "wr", "cr"], ["cr", "wr", "sr", "cu"], ["sr", "cu", "wr", "cr"]):
+        reg.activate(reg.publish(plan_for(seed_query, perm)))
+    common = ["--query", seed_query.name, "--lake", lake.root]
+    assert main(["plans", "rollback", *common, "--version", "2"]) == 2  # v3 is active, not v2: refused
+    assert "not rolled back: the active version is v3, not v2" in capsys.readouterr().err
+    assert main(["plans", "rollback", *common]) == 0 and main(["plans", "rollback", *common]) == 0
+    assert "back to v1 (was v2)" in capsys.readouterr().out and reg.active_version() == 1

@@ -12,7 +12,10 @@ A running join job picks up a newly activated version at its next batch boundary
   python -m mjoin plans show     --query Q [--version N]          (default: the active one)
   python -m mjoin plans publish  --query Q --plan PLAN.json [--activate]
   python -m mjoin plans activate --query Q --version N
-  python -m mjoin plans rollback --query Q                        (re-activate the previous version)"""
+  python -m mjoin plans rollback --query Q                        (undo the last activation)
+
+rollback follows the activation log as a stack: rolling back twice goes two activations
+back and never re-activates a version a rollback undid (docs/orchestration.md)."""
 
 
 def add_arguments(p):
@@ -20,7 +23,7 @@ def add_arguments(p):
     p.add_argument("--query", required=True, help="query spec (YAML path or name)")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
     p.add_argument("--namespace", default="", help="lake namespace (e.g. eval/backfill)")
-    p.add_argument("--version", type=int, help="plan version (show, activate)")
+    p.add_argument("--version", type=int, help="plan version (show, activate; rollback: only if vN is still active)")
     p.add_argument("--plan", help="plan JSON to publish")
     p.add_argument("--activate", action="store_true", help="publish: also activate it")
     p.add_argument("--by", default="cli", help="who made the change (recorded in the activation log)")
@@ -72,7 +75,8 @@ def run(args) -> int:
             rec = reg.activate(args.version, by=args.by)
             print(f"activated {query.name} v{rec.version} (was v{rec.previous})")
         else:
-            rec = reg.rollback(by=args.by)
+            expect = args.version  # --version N: roll back only while vN is active
+            rec = reg.rollback(by=args.by, expect_active=expect)
             print(f"rolled {query.name} back to v{rec.version} (was v{rec.previous})")
     except RegistryError as exc:
         raise UserError(str(exc)) from None
