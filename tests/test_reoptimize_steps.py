@@ -129,6 +129,20 @@ def test_no_change_uses_and_prints_the_threshold_of_the_gates_param(optimized):
     assert (out["status"], out["version"], out["active_version"], out["threshold"]) == ("no_change", None, 1, 0.37)
 
 
+def test_failing_plan_gate_stops_before_deploy_and_keeps_the_active_plan(optimized, two_class_query):
+    cfg, ctx = optimized("good")
+    deploy(cfg, ctx, check_plan(cfg, ctx))  # v1 active
+    cfg2, ctx2 = optimized("other_query")
+    write_candidate(two_class_query, ctx2, ["sr", "cu", "wr", "cr"])  # a plan of another query
+    with pytest.raises(StepFailed, match="plan gate failed: plan.for_this_query"):
+        check_plan(cfg2, ctx2)
+    gate = json.loads(open(os.path.join(ctx2["run_dir"], "gate_plan.json")).read())
+    assert gate["status"] == "failed" and [f["expectation"] for f in gate["failures"]] == ["plan.for_this_query"]
+    out = record(cfg2, ctx2, {"check_plan": "failed", "deploy": "upstream_failed", "await_switch": "upstream_failed"})
+    assert (out["status"], out["version"], out["active_version"]) == ("failed", None, 1)
+    assert PlanRegistry(cfg2.lake_, QUERY).versions() == [1]
+
+
 # ---- outcomes: one file per run, concurrent recorders ------------------------------------------
 
 def _record_many(lake_root: str, k: int, n: int) -> None:
