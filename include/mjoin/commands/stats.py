@@ -18,7 +18,7 @@ Exit 2 for bad arguments (interval not a whole number of cycles, unknown query, 
 
 
 def add_arguments(p):
-    from ..stats.job import MODES
+    from ..stats.job import METHODS, MODES
 
     p.add_argument("--query", required=True, help="query spec path or name")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
@@ -28,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--cycle", required=True, metavar="SECONDS", help="statistics cycle tau (e.g. 10, 10s, 1m)")
     p.add_argument("--out", metavar="DIR", help="history root (default <lake>/stats); cycles go to DIR/<query>/")
     p.add_argument("--mode", choices=MODES, default="exact", help="exact (default) or sketch (bounded memory)")
+    p.add_argument("--method", choices=METHODS, default="pass",
+                   help="exact mode: pass (default: one Spark job, a numpy pass per key partition) or sql "
+                        "(one Spark SQL aggregation per statistic; slower, the reference)")
     p.add_argument("--plan", default="active", metavar="PLAN",
                    help="take the key groups from this plan: a plan file, 'active' (the registry's ACTIVE "
                         "plan if there is one; default) or 'none' (one group)")
@@ -88,7 +91,8 @@ def run(args) -> int:
         raise UserError(str(exc)) from None
     rule, rule_from = _partitioning(args, query, lake)
     config = StatsConfig(mode=args.mode, partitioning=rule, histogram_buckets=args.histogram_buckets,
-                         prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None)
+                         prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None,
+                         method=args.method)
     spark = get_spark("mjoin-stats")
     run_ = run_statistics(spark, query, lake, start, end, cycle, out=args.out, config=config)
     s = run_.summary

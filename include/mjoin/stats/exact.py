@@ -9,29 +9,92 @@ Definitions (docs/statistics.md; cycle ``j`` is ``[T_j, T_j + tau)``, ``e_j = T_
   the ``r`` rows ``v`` with the same key and ``ts_u - W_r < ts_v <= ts_u``; ``q`` counts the
   lookups, ``m`` those with a match, ``s`` the matches (Eq. 9-10).
 
-How (each is one aggregation over the cached rows; no band join is materialised):
+Two implementations, the same numbers (tests compare both with pandas/DuckDB):
 
-- window_tuples(e_j) = #{ts <= e_j} - #{ts + W <= e_j}: every row adds +1 at the first cycle
-  end at or after ``ts`` and -1 at the first one at or after ``ts + W``; prefix sums on the driver.
-- kappa: a row is in the state at the cycle ends ``ja..jc``; per key those ranges are merged
-  (running max of ``jc`` over the key's rows sorted by ``ja``) and each merged run adds +1 at
-  its start and -1 after its end; prefix sums on the driver.
-- edges, one pass per attribute class: the rows of every stream of the class become an
-  *insert* event at ``ts`` and an *expire* event at ``ts + W_s``; sorted per key, the running
-  sum of ``r``'s events (RANGE frame: all events at times ``<= ts_u``) is exactly the number of
-  ``r`` rows in ``r``'s window at ``ts_u``. That is a sort of ``2N`` rows per class instead of
-  a band join whose output grows with the square of a hot key's rows.
+- :func:`one_pass` (the default, ``StatsConfig.method = "pass"``): one Spark job. Each
+  stream's rows are read once (only the needed columns), routed once per attribute class
+  of the stream to a partition by key (one shuffle), and each partition computes every
+  per-cycle partial count in numpy (:mod:`mjoin.stats.kernel`, like the engine's operator);
+  the partials are summed on the driver after a single collect.
+- ``method = "sql"``: plain Spark SQL over the cached rows, one aggregation per statistic
+  (five or more Spark jobs; sketch mode reuses its counts, window_tuples and histogram):
+
+  - window_tuples(e_j) = #{ts <= e_j} - #{ts + W <= e_j}: every row adds +1 at the first cycle
+    end at or after ``ts`` and -1 at the first one at or after ``ts + W``; prefix sums on the driver.
+  - kappa: a row is in the state at the cycle ends ``ja..jc``; per key those ranges are merged
+    (running max of ``jc`` over the key's rows sorted by ``ja``) and each merged run adds +1 at
+    its start and -1 after its end; prefix sums on the driver.
+  - edges, one pass per attribute class: the rows of every stream of the class become an
+    *insert* event at ``ts`` and an *expire* event at ``ts + W_s``; sorted per key, the running
+    sum of ``r``'s events (RANGE frame: all events at times ``<= ts_u``) is exactly the number of
+    ``r`` rows in ``r``'s window at ``ts_u``. That is a sort of ``2N`` rows per class instead of
+    a band join whose output grows with the square of a hot key's rows.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from .sources import Grid, US, case_sid, cdiv, fdiv
 
 
 def _pdf(df) -> pd.DataFrame:
     return df.toPandas()
+
+
+def one_pass(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int]],
+             class_members: dict[int, list[int]], buckets: int, partitions: int) -> dict:
+    """Every exact statistic of the interval in one Spark job (see the module doc); the frames of
+    :func:`mjoin.stats.kernel.reduce_partials`, plus ``seconds`` (Spark job, reduce) and ``partial_rows``."""
+    params = kernel_params(grid, windows_us, stream_classes, class_members, buckets)
+    return run_partials(route(base, stream_classes, buckets, partitions), params)
+
+
+def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int):
+    from . import kernel
+
+    return kernel.Params(grid.t0_us, grid.t1_us, grid.tau_us, tuple(int(w) for w in windows_us),
+                         tuple(cs[0] for cs in stream_classes),
+                         tuple(tuple(class_members[ci]) for ci in range(len(class_members))), int(buckets))
+
+
+def route(base, stream_classes: list[list[int]], buckets: int, partitions: int):
+    """``(ci, sid, t, g, key)``: every row once per attribute class of its stream (from the same scan),
+    repartitioned by key (by histogram bucket when there are at least 256 buckets, so that every
+    histogram cell is in one partition; NULL keys spread by time)."""
+    from pyspark.sql import functions as F
+
+    nclasses = 1 + max(c for cs in stream_classes for c in cs)
+    if nclasses == 1:
+        routed = base.select(F.lit(0).alias("ci"), "sid", "t", "g", F.col("k0").alias("key"))
+    else:
+        pairs = ", ".join(f"{ci}, k{ci}" for ci in range(nclasses))
+        member = case_sid([f"ci IN ({', '.join(map(str, cs))})" for cs in stream_classes], "false")
+        routed = (base.select("sid", "t", "g", F.expr(f"stack({nclasses}, {pairs}) AS (ci, key)"))
+                  .where(member).select(F.col("ci").cast("int").alias("ci"), "sid", "t", "g", "key"))
+    part = f"pmod(key, {int(buckets)})" if buckets >= 256 else "key"
+    return routed.repartition(int(partitions), F.col("ci"), F.expr(f"coalesce({part}, t)"))
+
+
+def run_partials(routed, params) -> dict:
+    """The kernel over every partition of ``routed`` (a ``mapInArrow`` task each), one collect, the sum."""
+    from . import kernel
+
+    def run(batches):
+        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        if tables:
+            yield from kernel.partials(pa.concat_tables(tables), params).to_batches()
+
+    t = time.perf_counter()
+    out = routed.mapInArrow(run, kernel.OUT_DDL).toArrow()
+    t_job = time.perf_counter() - t
+    res = kernel.reduce_partials(out, params, len(params.class_members))
+    res["seconds"] = {"spark_job": t_job, "reduce": time.perf_counter() - t - t_job}
+    res["partial_rows"] = out.num_rows
+    return res
 
 
 def cycle_counts(base, grid: Grid, nclasses: int) -> pd.DataFrame:

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -175,17 +176,62 @@ def write_cycle(root, query_name: str, cycle_start, rows: pd.DataFrame, meta: di
                 histogram: pd.DataFrame | None = None) -> str:
     """Replace one cycle of the history (rows, meta, histogram); returns the cycle folder."""
     epoch = _cycle_epoch(cycle_start)
+    _check_query(rows, query_name)
+    return _write_one(query_dir(root, query_name), epoch, _table(rows, HISTORY_SCHEMA), meta,
+                      None if histogram is None else _table(histogram, HISTOGRAM_SCHEMA))
+
+
+def _check_query(rows: pd.DataFrame, query_name: str) -> None:
     if len(rows) and set(rows["query"].unique()) != {query_name}:
         raise HistoryError(f"rows of query {sorted(rows['query'].unique())} written to the history of {query_name!r}")
-    qd = query_dir(root, query_name)
+
+
+def _write_one(qd: str, epoch: int, rows: pa.Table, meta: dict | None, histogram: pa.Table | None) -> str:
     if histogram is not None:
-        _write_dir_atomically(fsutil.join(qd, HISTOGRAM_DIR, cycle_name(epoch)),
-                              {PART_FILE: _table(histogram, HISTOGRAM_SCHEMA)})
-    files = {PART_FILE: _table(rows, HISTORY_SCHEMA)}
-    files[META_FILE] = json.dumps(meta or {}, indent=1, default=_json_default, allow_nan=False).encode()
+        _write_dir_atomically(fsutil.join(qd, HISTOGRAM_DIR, cycle_name(epoch)), {PART_FILE: histogram})
+    files = {PART_FILE: rows,
+             META_FILE: json.dumps(meta or {}, indent=1, default=_json_default, allow_nan=False).encode()}
     final = fsutil.join(qd, cycle_name(epoch))
     _write_dir_atomically(final, files)
     return final
+
+
+def _by_cycle(table: pa.Table) -> tuple[dict, pa.Table]:
+    """Row ranges of a table per cycle start (epoch seconds), after sorting it by cycle."""
+    if table.num_rows == 0:
+        return {}, table
+    table = table.sort_by([("cycle_start", "ascending")])
+    us = table.column("cycle_start").cast(pa.int64()).to_numpy()
+    cuts = np.flatnonzero(np.diff(us)) + 1
+    starts = np.r_[0, cuts]
+    ends = np.r_[cuts, len(us)]
+    return {int(us[a] // 1_000_000): (int(a), int(b)) for a, b in zip(starts, ends)}, table
+
+
+def write_cycles(root, query_name: str, epochs, rows: pd.DataFrame, meta: dict,
+                 histogram: pd.DataFrame | None = None) -> list[str]:
+    """Replace the cycles ``epochs`` (each one folder, atomically): the rows of all of them in one frame
+    (converted to Arrow once, then sliced per cycle), ``meta`` per epoch, and the histogram rows (every
+    listed cycle gets a histogram file, maybe empty, unless ``histogram`` is None)."""
+    epochs = [_cycle_epoch(e) for e in epochs]
+    _check_query(rows, query_name)
+    qd = query_dir(root, query_name)
+    ranges, rows_t = _by_cycle(_table(rows, HISTORY_SCHEMA))
+    hranges, hist_t = _by_cycle(_table(histogram, HISTOGRAM_SCHEMA)) if histogram is not None else ({}, None)
+
+    def one(epoch):
+        a, b = ranges.get(epoch, (0, 0))
+        h = None
+        if hist_t is not None:
+            ha, hb = hranges.get(epoch, (0, 0))
+            h = hist_t.slice(ha, hb - ha)
+        return _write_one(qd, epoch, rows_t.slice(a, b - a), meta.get(epoch), h)
+
+    if len(epochs) < 4:
+        return [one(e) for e in epochs]
+    # small files and renames: a few threads hide the file system's latency (each cycle is its own folder)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(one, epochs))
 
 
 def write_run_summary(root, query_name: str, summary: dict) -> str:

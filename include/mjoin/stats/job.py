@@ -3,13 +3,14 @@
     run_statistics(spark, query, lake, start, end, cycle_seconds, config=StatsConfig(...)) -> StatsRun
 
 reads each stream's landed rows once (the interval plus the window lead-in),
-caches them, computes lambda, kappa, window_tuples per stream and q, m, s (so
-gamma, mu) per directed edge for every cycle and key group, and the per-key rate
-histogram, then replaces those cycles in the Parquet history
-(:mod:`mjoin.stats.history`). ``mode="exact"`` computes everything exactly
-(:mod:`mjoin.stats.exact`); ``mode="sketch"`` bounds memory for large key domains
-(:mod:`mjoin.stats.sketchmode`). The summary reports the job's own wall time,
-skipped files, NULL keys and unusable event times.
+computes lambda, kappa, window_tuples per stream and q, m, s (so gamma, mu) per
+directed edge for every cycle and key group, and the per-key rate histogram, then
+replaces those cycles in the Parquet history (:mod:`mjoin.stats.history`).
+``mode="exact"`` computes everything exactly, by default in one Spark job
+(:func:`mjoin.stats.exact.one_pass`, ``method="pass"``; ``method="sql"``: one Spark
+SQL aggregation per statistic over the cached rows); ``mode="sketch"`` bounds memory
+for large key domains (:mod:`mjoin.stats.sketchmode`). The summary reports the job's
+own wall time, skipped files, NULL keys and unusable event times.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 
 from ..partition import num_groups, rule_problems
-from ..statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
+from ..statistics import Statistics, StatisticsError
 from ..timeutil import iso, to_epoch
 from . import exact, history
 from .sources import US, Grid, load_streams
@@ -29,6 +31,7 @@ from .sources import US, Grid, load_streams
 log = logging.getLogger(__name__)
 
 MODES = ("exact", "sketch")
+METHODS = ("pass", "sql")  # exact mode: one Spark job with a numpy pass per partition, or Spark SQL aggregations
 
 
 class StatsJobError(StatisticsError):
@@ -42,6 +45,7 @@ class StatsConfig:
     histogram_buckets: int = 1024  # 0: exact keys (one row per key: only for small key domains)
     prune_arrivals: bool = True
     sketch: "object | None" = None  # mjoin.sketch.SketchConfig for mode="sketch" (defaults if None)
+    method: str = "pass"  # exact mode: "pass" (one Spark job) or "sql" (one aggregation per statistic)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -82,6 +86,8 @@ def make_grid(start, end, cycle_seconds) -> Grid:
 def _check_config(query, config: StatsConfig) -> None:
     if config.mode not in MODES:
         raise StatsJobError(f"mode {config.mode!r}: use one of {', '.join(MODES)}")
+    if config.method not in METHODS:
+        raise StatsJobError(f"method {config.method!r}: use one of {', '.join(METHODS)}")
     if int(config.histogram_buckets) < 0:
         raise StatsJobError(f"histogram buckets must be >= 1 (or 0 for exact keys), got {config.histogram_buckets}")
     problems = rule_problems(config.partitioning, query)
@@ -91,8 +97,6 @@ def _check_config(query, config: StatsConfig) -> None:
 
 def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: StatsConfig | None = None) -> StatsRun:
     """Statistics of every cycle of ``[start, end)`` (nothing is written)."""
-    from pyspark import StorageLevel
-
     config = config or StatsConfig()
     _check_config(query, config)
     grid = make_grid(start, end, cycle_seconds)
@@ -104,10 +108,44 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     windows_us = [exact.micros(s.window) for s in query.streams]
 
     base, reports = load_streams(spark, query, lake, grid, config.partitioning, prune_arrivals=config.prune_arrivals)
+    timings["plan"] = time.perf_counter() - t_start  # listing and checking the landed files
+    sketch_info = None
+    if config.mode == "exact" and config.method == "pass":
+        t = time.perf_counter()
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        res = exact.one_pass(base, grid, windows_us, stream_classes, class_members, config.histogram_buckets,
+                             partitions)
+        timings["one_pass"] = time.perf_counter() - t
+        timings.update({f"one_pass_{k}": v for k, v in res["seconds"].items()})
+        counts, wt, kap, edges, hist = (res[k] for k in ("counts", "window_tuples", "kappa", "edges", "histogram"))
+        key_range = res["key_range"]
+    else:
+        counts, wt, kap, edges, hist, sketch_info, config = _sql_path(spark, base, grid, config, windows_us,
+                                                                      stream_classes, class_members, timings)
+        key_range = {}
+        if hist is not None and len(hist):
+            kr = hist.groupby(["sid", "ci"]).agg(lo=("kmin", "min"), hi=("kmax", "max"))
+            key_range = {(int(a), int(c)): (int(r.lo), int(r.hi)) for (a, c), r in kr.iterrows()}
+    t = time.perf_counter()
+    run = _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes)
+    timings["assemble"] = time.perf_counter() - t
+    run.summary = _summary(query, grid, config, counts, key_range, reports, stream_classes, classes)
+    if sketch_info:
+        run.summary["sketch"] = sketch_info
+    run.summary["wall_seconds"] = {"compute": time.perf_counter() - t_start, **timings}
+    return run
+
+
+def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_members, timings):
+    """Exact mode with ``method="sql"`` and sketch mode: Spark aggregations over the cached rows."""
+    from pyspark import StorageLevel
+
+    nclasses = len(class_members)
     base = base.persist(StorageLevel.MEMORY_AND_DISK)
+    sketch_info = None
     try:
         t = time.perf_counter()
-        counts = exact.cycle_counts(base, grid, len(classes))
+        counts = exact.cycle_counts(base, grid, nclasses)
         timings["read_and_count"] = time.perf_counter() - t
         t = time.perf_counter()
         wt = exact.window_tuples(base, grid, windows_us)
@@ -122,7 +160,6 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
             t = time.perf_counter()
             edges = exact.edge_counts(base, grid, windows_us, class_members)
             timings["edges"] = time.perf_counter() - t
-            sketch_info = None
         else:
             from ..sketch import SketchConfig
             from . import sketchmode
@@ -134,14 +171,7 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
             timings["sketch"] = time.perf_counter() - t
     finally:
         base.unpersist()
-    t = time.perf_counter()
-    run = _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes)
-    timings["assemble"] = time.perf_counter() - t
-    run.summary = _summary(query, grid, config, counts, hist, reports, stream_classes, classes)
-    if sketch_info:
-        run.summary["sketch"] = sketch_info
-    run.summary["wall_seconds"] = {"compute": time.perf_counter() - t_start, **timings}
-    return run
+    return counts, wt, kap, edges, hist, sketch_info, config
 
 
 def run_statistics(spark, query, lake, start, end, cycle_seconds, *, out=None,
@@ -155,14 +185,8 @@ def run_statistics(spark, query, lake, start, end, cycle_seconds, *, out=None,
     history.check_grid(root, query.name, grid.t0_us / US, grid.t1_us / US, grid.tau)
     run = compute_statistics(spark, query, lake, start, end, cycle_seconds, config)
     t = time.perf_counter()
-    rows_by_cycle = dict(iter(run.rows.groupby(run.rows["cycle_start"].map(to_epoch).astype("int64"))))
-    hist_by_cycle = {}
-    if len(run.histogram):
-        hist_by_cycle = dict(iter(run.histogram.groupby(run.histogram["cycle_start"].map(to_epoch).astype("int64"))))
-    for j in range(grid.n):
-        e = grid.start_epoch(j)
-        history.write_cycle(root, query.name, e, rows_by_cycle[e], run.cycle_meta[e],
-                            hist_by_cycle.get(e, pd.DataFrame(columns=history.HISTOGRAM_COLUMNS)))
+    history.write_cycles(root, query.name, [grid.start_epoch(j) for j in range(grid.n)], run.rows, run.cycle_meta,
+                         run.histogram)
     run.summary["wall_seconds"]["write"] = time.perf_counter() - t
     run.summary["wall_seconds"]["total"] = time.perf_counter() - t_start
     run.summary["out"] = history.query_dir(root, query.name)
@@ -172,84 +196,131 @@ def run_statistics(spark, query, lake, start, end, cycle_seconds, *, out=None,
 
 # ---- assembling the schema's rows ------------------------------------------------------
 
-def _lookup(df: pd.DataFrame, keys: list[str], value: str) -> dict:
+def _dense(df: pd.DataFrame, keys: list[str], value: str, shape: tuple, valid=None) -> np.ndarray:
+    """A frame of ``(keys..., value)`` as a dense array (rows with a NULL or out-of-range key are left out)."""
+    arr = np.zeros(shape, dtype=np.float64)
     if df is None or df.empty:
-        return {}
+        return arr
     sub = df.dropna(subset=keys)
-    return {tuple(int(x) for x in k): float(v) for k, v in zip(sub[keys].itertuples(index=False, name=None), sub[value])}
+    idx = [sub[k].to_numpy(dtype=np.int64) for k in keys]
+    ok = np.ones(len(sub), dtype=bool)
+    for i, n in zip(idx, shape):
+        ok &= (i >= 0) & (i < n)
+    np.add.at(arr, tuple(i[ok] for i in idx), sub[value].to_numpy(dtype=np.float64)[ok])
+    return arr
 
 
 def _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes) -> StatsRun:
-    tau = grid.tau
-    groups = list(range(num_groups(config.partitioning)))
-    rows_of = _lookup(counts, ["sid", "g", "j"], "rows")
-    wt_of = _lookup(wt, ["sid", "g", "j"], "window_tuples")
-    kap_of = _lookup(kap, ["sid", "ci", "g", "j"], "kappa")
-    q_of = _lookup(edges, ["l", "r", "g", "j"], "q")
-    m_of = _lookup(edges, ["l", "r", "g", "j"], "m")
-    s_of = _lookup(edges, ["l", "r", "g", "j"], "s")
-    sid_of = {s: i for i, s in enumerate(query.stream_names)}
-    # NULL keys of each cycle, per stream and key column; rows whose partitioning key is NULL
-    valid = counts[(counts["j"] >= 0) & (counts["j"] < grid.n)] if len(counts) else counts
-    all_rows, meta = [], {}
+    """The tidy rows (``Statistics.to_rows`` order: per cycle and group, the streams, then the edges), the
+    per-cycle meta and the histogram rows, built column-wise."""
+    tau, n = grid.tau, grid.n
+    G = num_groups(config.partitioning)
+    names = list(query.stream_names)
+    S = len(names)
+    sid_of = {s: i for i, s in enumerate(names)}
+    C = len(classes)
+    tuples = _dense(counts, ["sid", "g", "j"], "rows", (S, G, n))
+    wts = _dense(wt, ["sid", "g", "j"], "window_tuples", (S, G, n))
+    kap_all = _dense(kap, ["sid", "ci", "g", "j"], "kappa", (S, C, G, n))
+    kappa = kap_all[np.arange(S), [cs[0] for cs in stream_classes]]  # (S, G, n): over the first class
+    if edges is not None and len(edges):
+        edges = edges.rename(columns={"l": "l_", "r": "r_"})
+    qa, ma, sa = (_dense(edges, ["l_", "r_", "g", "j"], v, (S, S, G, n)) for v in ("q", "m", "s"))
+    pairs = [(sid_of[l], sid_of[r]) for l, r in query.directed_edges]
+    E = len(pairs)
+    # rows: cycle-major, then group, then S stream rows and E edge rows
+    per_group = S + E
+    total = n * G * per_group
+    j_idx = np.repeat(np.arange(n), G * per_group)
+    g_idx = np.tile(np.repeat(np.arange(G), per_group), n)
+    pos = np.tile(np.arange(per_group), n * G)
+    is_stream = pos < S
+    st_i = np.where(is_stream, pos, 0)
+    ed_i = np.where(is_stream, 0, pos - S)
+    li = np.array([p[0] for p in pairs] or [0])[ed_i]
+    ri = np.array([p[1] for p in pairs] or [0])[ed_i]
+    nan = np.full(total, np.nan)
+    tup = np.where(is_stream, tuples[st_i, g_idx, j_idx], nan)
+    q = np.where(is_stream, nan, qa[li, ri, g_idx, j_idx])
+    m = np.where(is_stream, nan, ma[li, ri, g_idx, j_idx])
+    s_ = np.where(is_stream, nan, sa[li, ri, g_idx, j_idx])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gamma = np.where(q > 0, m / q, 0.0)  # EdgeStats.from_counts, Eq. 9-10
+        mu = np.where(m > 0, s_ / m, 1.0)
+    edge_names = np.array([l for l, _ in query.directed_edges] or [""], dtype=object)
+    right_names = np.array([r for _, r in query.directed_edges] or [""], dtype=object)
+    stream_names = np.array(names, dtype=object)
+    epochs = np.array([grid.start_epoch(j) for j in range(n)], dtype=np.int64)
+    rows = pd.DataFrame({
+        "query": query.name,
+        "cycle_start": pd.to_datetime(epochs[j_idx], unit="s", utc=True),
+        "cycle_seconds": float(tau),
+        "group": g_idx.astype(np.int64),
+        "entity": np.where(is_stream, "stream", "edge").astype(object),
+        "stream": np.where(is_stream, stream_names[st_i], edge_names[ed_i]),
+        "right": np.where(is_stream, None, right_names[ed_i]),
+        "lambda": tup / tau,
+        "kappa": np.where(is_stream, kappa[st_i, g_idx, j_idx], nan),
+        "window_tuples": np.where(is_stream, wts[st_i, g_idx, j_idx], nan),
+        "tuples": tup,
+        "gamma": np.where(is_stream, nan, gamma),
+        "mu": np.where(is_stream, nan, mu),
+        "q": q, "m": m, "s": s_,
+    }, columns=list(history.HISTORY_SCHEMA.names))
+    # per-cycle meta: NULL keys per stream and key column, rows whose partitioning key is NULL
+    valid = counts[(counts["j"] >= 0) & (counts["j"] < n)] if len(counts) else counts
+    all_rows = np.zeros((S, n))
+    nn = np.zeros((S, C, n))
+    null_part = np.zeros((S, n))
+    if len(valid):
+        sj = (valid["sid"].to_numpy(dtype=np.int64), valid["j"].to_numpy(dtype=np.int64))
+        np.add.at(all_rows, sj, valid["rows"].to_numpy(dtype=np.float64))
+        for ci in range(C):
+            np.add.at(nn[:, ci], sj, valid[f"nn{ci}"].to_numpy(dtype=np.float64))
+        gnull = valid["g"].isna().to_numpy()
+        np.add.at(null_part, (sj[0][gnull], sj[1][gnull]), valid["rows"].to_numpy(dtype=np.float64)[gnull])
+    groups = range(G)
+    meta = {}
     computed_at = iso(datetime.now(timezone.utc))
-    for j in range(grid.n):
-        epoch = grid.start_epoch(j)
-        gs_all = {}
-        for g in groups:
-            gs = GroupStats()
-            for s in query.stream_names:
-                sid = sid_of[s]
-                n = rows_of.get((sid, g, j), 0.0)
-                gs.streams[s] = StreamStats(lam=n / tau, kappa=kap_of.get((sid, stream_classes[sid][0], g, j), 0.0),
-                                            window_tuples=wt_of.get((sid, g, j), 0.0), tuples=n)
-            for l, r in query.directed_edges:
-                key = (sid_of[l], sid_of[r], g, j)
-                gs.edges[(l, r)] = EdgeStats.from_counts(q_of.get(key, 0.0), m_of.get(key, 0.0), s_of.get(key, 0.0))
-            gs_all[g] = gs
-        st = Statistics(query=query.name, groups=gs_all, kind="measured", cycle_start=iso(epoch), cycle_seconds=tau,
-                        partitioning=config.partitioning)
-        all_rows += st.to_rows()
-        cyc = valid[valid["j"] == j] if len(valid) else valid
-        null_keys, null_part, by_class = {}, {}, {}
-        for s in query.stream_names:
-            sid = sid_of[s]
-            mine = cyc[cyc["sid"] == sid] if len(cyc) else cyc
-            total = float(mine["rows"].sum()) if len(mine) else 0.0
-            null_keys[s] = {query.key_column(s, classes[ci]): total - (float(mine[f"nn{ci}"].sum()) if len(mine) else 0.0)
-                            for ci in stream_classes[sid]}
-            if config.partitioning:
-                null_part[s] = float(mine[mine["g"].isna()]["rows"].sum()) if len(mine) else 0.0
-            if len(stream_classes[sid]) > 1:
-                by_class[s] = {classes[ci]: {str(g): kap_of.get((sid, ci, g, j), 0.0) for g in groups}
-                               for ci in stream_classes[sid]}
+    for j in range(n):
+        epoch = int(epochs[j])
+        null_keys = {s: {query.key_column(s, classes[ci]): float(all_rows[sid, j] - nn[sid, ci, j])
+                         for ci in stream_classes[sid]} for sid, s in enumerate(names)}
+        by_class = {s: {classes[ci]: {str(g): float(kap_all[sid, ci, g, j]) for g in groups} for ci in stream_classes[sid]}
+                    for sid, s in enumerate(names) if len(stream_classes[sid]) > 1}
         meta[epoch] = {
             "query": query.name, "query_fingerprint": query.fingerprint, "cycle_start": iso(epoch),
-            "cycle_seconds": tau, "mode": config.mode, "partitioning": config.partitioning, "groups": len(groups),
-            "null_keys": null_keys, "null_partition_key": null_part, "kappa_by_class": by_class,
+            "cycle_seconds": tau, "mode": config.mode, "partitioning": config.partitioning, "groups": G,
+            "null_keys": null_keys,
+            "null_partition_key": ({s: float(null_part[sid, j]) for sid, s in enumerate(names)}
+                                   if config.partitioning else {}),
+            "kappa_by_class": by_class,
             "histogram_buckets": int(config.histogram_buckets),
             "run": {"start": iso(grid.t0_us / US), "end": iso(grid.t1_us / US), "computed_at": computed_at},
         }
         if config.mode == "sketch" and config.sketch is not None:
             meta[epoch]["sketch"] = asdict(config.sketch)
-    rows = pd.DataFrame(all_rows, columns=list(history.HISTORY_SCHEMA.names))
-    rows["cycle_start"] = pd.to_datetime(rows["cycle_start"], utc=True)
     rows.attrs["cycles"] = {iso(e): m for e, m in meta.items()}  # what history.read_history(meta=True) gives
     hist_rows = pd.DataFrame(columns=history.HISTOGRAM_COLUMNS)
     if hist is not None and len(hist):
-        h = hist.copy()
-        h["query"] = query.name
-        h["cycle_start"] = pd.to_datetime([grid.start_epoch(int(j)) for j in h["j"]], unit="s", utc=True)
-        h["cycle_seconds"] = tau
-        h["stream"] = [query.stream_names[int(i)] for i in h["sid"]]
-        h["attr_class"] = [classes[int(i)] for i in h["ci"]]
-        h["key_column"] = [query.key_column(s, c) for s, c in zip(h["stream"], h["attr_class"])]
+        h = pd.DataFrame({
+            "query": query.name,
+            "cycle_start": pd.to_datetime(epochs[hist["j"].to_numpy(dtype=np.int64)], unit="s", utc=True),
+            "cycle_seconds": float(tau),
+            "stream": stream_names[hist["sid"].to_numpy(dtype=np.int64)],
+        })
+        cls = np.array(classes, dtype=object)[hist["ci"].to_numpy(dtype=np.int64)]
+        h["attr_class"] = cls
+        keycol = {(s, c): query.key_column(s, c) for s in names for c in classes}
+        h["key_column"] = [keycol[(s, c)] for s, c in zip(h["stream"], cls)]
         h["buckets"] = int(config.histogram_buckets)
-        hist_rows = h[list(history.HISTOGRAM_COLUMNS)].reset_index(drop=True)
+        h["bucket"] = hist["bucket"].to_numpy(dtype=np.int64)
+        h["tuples"] = hist["tuples"].to_numpy(dtype=np.int64)
+        hist_rows = h[list(history.HISTOGRAM_COLUMNS)]
     return StatsRun(rows=rows, histogram=hist_rows, cycle_meta=meta)
 
 
-def _summary(query, grid, config, counts, hist, reports, stream_classes, classes) -> dict:
+def _summary(query, grid, config, counts, key_range, reports, stream_classes, classes) -> dict:
     streams = {}
     for sid, s in enumerate(query.stream_names):
         mine = counts[counts["sid"] == sid] if len(counts) else counts
@@ -265,12 +336,12 @@ def _summary(query, grid, config, counts, hist, reports, stream_classes, classes
         })
         if config.partitioning:
             rec["null_partition_key"] = int(inside[inside["g"].isna()]["rows"].sum()) if len(inside) else 0
-        if hist is not None and len(hist):
-            h = hist[hist["sid"] == sid]
+        if key_range:
             B = config.histogram_buckets
             rec["histogram_exact_keys"] = {
-                classes[ci]: bool(B == 0 or len(hh) == 0 or (hh["kmin"].min() >= 0 and hh["kmax"].max() < B))
-                for ci in stream_classes[sid] for hh in [h[h["ci"] == ci]]}
+                classes[ci]: bool(B == 0 or (sid, ci) not in key_range
+                                  or (key_range[(sid, ci)][0] >= 0 and key_range[(sid, ci)][1] < B))
+                for ci in stream_classes[sid]}
         streams[s] = rec
     return {
         "query": query.name, "mode": config.mode, "start": iso(grid.t0_us / US), "end": iso(grid.t1_us / US),
