@@ -1,17 +1,38 @@
-"""Cost of the statistics job: wall time per interval (exact and sketch mode), and the hook to
-compare it with the join engine's time on the same interval (goal: statistics <= 5% of the engine).
+"""Cost of the statistics job side by side with the join engine on the same interval and data
+(issue 4's goal: statistics for an interval cost at most 5% of what the engine spends on it).
 
-    python bench/stats/bench_stats.py --quick          # TPC-DS sf 0.1, a few minutes of replay
-    python bench/stats/bench_stats.py --sf 1 --rate 500
-    python bench/stats/bench_stats.py --engine-seconds 812.5   # the engine's time on the same interval
+    python bench/stats/bench_stats.py                 # sf 0.1 and sf 1, cold and warm (the full run)
+    python bench/stats/bench_stats.py --quick         # sf 0.1 only, warm only, one measured round
+    python bench/stats/bench_stats.py --sizes 1       # one size
 
-The engine lands later: pass its wall time for the same interval with --engine-seconds, or
---engine-metrics <lake>/metrics/<query> (JSON lines with "wall_seconds" or "duration_ms" per
-batch) once it writes them; the result JSON then holds stats_seconds / engine_seconds.
+Workload: TPC-DS replayed as the seed query's four streams (``_common.land_tpcds_replay``),
+20 minutes of event time at ``rate`` rows/s (sf 0.1: 50 rows/s, sf 1: 500 rows/s, as in
+bench/engine/run_bench.py); the interval is everything after the first 5-minute window
+(full windows from the start), whole minutes.
 
---band-join also times the straightforward alternative for the edge statistics (a Spark band
-join of each l tuple with r's window, aggregated per key and timestamp first), which the event
-sweep in mjoin.stats.exact replaces.
+Measured on that interval, for each size:
+
+- **engine**: ``mjoin.engine.run_interval`` (the spec's stream order, 60 s batches, 16 buckets:
+  the engine benchmark's settings), its wall time (reading and routing the interval, the
+  warm-up batch, the batches, writing results and metrics) and ``batch_seconds`` (the batches only);
+- **stats**: ``mjoin.stats.job.run_statistics`` with 10 s cycles (the DAG's default tau), exact
+  mode with ``method="pass"`` (one Spark job) and ``method="sql"`` (one Spark SQL aggregation per
+  statistic, the previous implementation), and sketch mode; wall time including the history write;
+- **stats_marginal**: what exact statistics would add to a run that has already read the interval and
+  routed it by key, as the engine's interval run does (the kernel job over a cached routed frame,
+  assembly, history write; the read and route are not timed): the cost if the pass ran inside the
+  engine's run instead of as a separate job.
+
+Two situations:
+
+- **cold** (what the DAG pays: each task is a fresh ``spark-submit``): ``python -m mjoin run`` and
+  ``python -m mjoin stats`` as subprocesses, wall time of the whole process (interpreter, JVM start,
+  Python workers) and the time each reports for itself;
+- **warm** (a long-lived session): all runs in one SparkSession, ``--rounds`` rounds in a fresh
+  random order each, the first round discarded (JVM and Python workers warm up), medians reported.
+
+``stats_over_engine`` = stats wall / engine wall for each. The load average is recorded with every
+measurement: on a shared machine the numbers are noisy; re-run on a quiet machine for the record.
 
 Writes bench/stats/results/cost[-quick].json and .png.
 """
@@ -19,41 +40,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "include"))
+sys.path.insert(0, str(PROJECT / "include"))
 
 from _common import land_tpcds_replay, machine_info, spark_session, write_json  # noqa: E402
 
-
-def engine_seconds_from_metrics(path) -> float | None:
-    """Sum the per-batch wall times in the engine's JSON-lines metrics (format not final yet)."""
-    total, found = 0.0, False
-    for f in sorted(Path(path).glob("**/*.jsonl")):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "wall_seconds" in rec:
-                total += float(rec["wall_seconds"]); found = True
-            elif "duration_ms" in rec:
-                total += float(rec["duration_ms"]) / 1000; found = True
-    return total if found else None
+QUERY = "tpcds_returns_by_address"
+RATES = {0.1: 50.0, 1.0: 500.0}  # rows/s: 20 minutes of replay at both sizes
+ENGINE_CYCLE = 60
+STATS_CYCLE = 10
+WARMUP = 300  # the seed query's window: the interval starts once every window is full
 
 
 def band_join_seconds(spark, query, lake, start, end) -> float:
     """Edge counts the direct way: per edge, a band join of l's (key, ts) groups with r's."""
     from pyspark.sql import functions as F
 
-    from mjoin.stats.sources import Grid, US, load_streams
+    from mjoin.stats.sources import US, Grid, load_streams
 
-    grid = Grid(int(start) * US, int(end) * US, 10 * US)
+    grid = Grid(int(start) * US, int(end) * US, STATS_CYCLE * US)
     base, _ = load_streams(spark, query, lake, grid, None)
     base = base.where("t IS NOT NULL AND k0 IS NOT NULL").cache()
     base.count()
@@ -74,61 +90,170 @@ def band_join_seconds(spark, query, lake, start, end) -> float:
     return elapsed
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke test: TPC-DS sf 0.1, 5 minutes of replay")
-    ap.add_argument("--sf", type=float, default=1.0)
-    ap.add_argument("--rate", type=float, default=500.0, help="replayed rows per second (all streams)")
-    ap.add_argument("--cycle", type=int, default=10)
-    ap.add_argument("--minutes", type=float, default=None, help="interval length (default: the whole replay)")
-    ap.add_argument("--engine-seconds", type=float, help="the join engine's wall time on the same interval")
-    ap.add_argument("--engine-metrics", help="the engine's metrics folder (JSON lines) for the same interval")
-    ap.add_argument("--band-join", action="store_true", help="also time the band-join alternative")
-    ap.add_argument("--out", default=str(HERE / "results"))
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.sf, args.rate, args.minutes, args.band_join = 0.1, 200.0, 5.0, True
+def stats_marginal(spark, query, lake, start, end, out) -> dict:
+    """What the exact statistics would add to a run that has already read the interval and routed it by
+    key (the engine's interval run does: its prepare step reads, validates and routes every row by
+    (class, key bucket) and caches it): the one-pass kernel job over a cached routed frame, the
+    assembly and the history write. The read and route are done first and not timed."""
+    from pyspark import StorageLevel
 
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.stats import exact, history
+    from mjoin.stats.job import StatsConfig, _assemble, make_grid
+    from mjoin.stats.sources import load_streams
+
+    config = StatsConfig()
+    grid = make_grid(start, end, STATS_CYCLE)
+    classes = list(query.attribute_classes)
+    stream_classes = [[classes.index(c) for c in query.classes_of(s)] for s in query.stream_names]
+    members = {ci: [sid for sid, cs in enumerate(stream_classes) if ci in cs] for ci in range(len(classes))}
+    windows = [exact.micros(s.window) for s in query.streams]
+    base, _ = load_streams(spark, query, lake, grid, None)
+    routed = exact.route(base, stream_classes, config.histogram_buckets,
+                         int(spark.conf.get("spark.sql.shuffle.partitions"))).persist(StorageLevel.MEMORY_AND_DISK)
+    routed.count()
+    t = time.perf_counter()
+    res = exact.run_partials(routed, exact.kernel_params(grid, windows, stream_classes, members,
+                                                         config.histogram_buckets))
+    t_job = time.perf_counter() - t
+    run = _assemble(query, grid, config, res["counts"], res["window_tuples"], res["kappa"], res["edges"],
+                    res["histogram"], stream_classes, classes)
+    history.write_cycles(out, query.name, [grid.start_epoch(j) for j in range(grid.n)], run.rows, run.cycle_meta,
+                         run.histogram)
+    wall = time.perf_counter() - t
+    routed.unpersist()
+    return {"wall_seconds": wall, "phases": {"kernel_job": res["seconds"]["spark_job"], "reduce": res["seconds"]["reduce"],
+                                             "assemble_and_write": wall - t_job}}
+
+
+def _load() -> list:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cli(args: list[str]) -> dict:
+    """Run ``python -m mjoin ARGS --json`` in a fresh process; its wall time and its own summary."""
+    env = dict(os.environ, PYTHONPATH=str(PROJECT / "include"))
+    load = _load()
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mjoin", *args, "--json"], capture_output=True, text=True, env=env,
+                          cwd=str(PROJECT))
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        raise RuntimeError(f"mjoin {args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = proc.stdout
+    summary = json.loads(out[out.index("{"):])
+    return {"process_seconds": wall, "summary": summary, "load_average": load}
+
+
+def cold(lake, work: Path, start: int, end: int) -> dict:
+    common = ["--query", QUERY, "--lake", lake.root, "--from", str(start), "--to", str(end)]
+    eng = _cli(["run", *common, "--cycle", str(ENGINE_CYCLE), "--out", str(work / "cold-engine")])
+    st = _cli(["stats", *common, "--cycle", str(STATS_CYCLE), "--out", str(work / "cold-stats"), "--plan", "none"])
+    return {
+        "engine": {"process_seconds": eng["process_seconds"], "wall_seconds": eng["summary"]["wall_seconds"],
+                   "batch_seconds": eng["summary"]["batch_seconds"], "result_rows": eng["summary"]["result_rows"],
+                   "load_average": eng["load_average"]},
+        "stats_pass": {"process_seconds": st["process_seconds"], "wall_seconds": st["summary"]["wall_seconds"]["total"],
+                       "phases": st["summary"]["wall_seconds"], "load_average": st["load_average"]},
+    }
+
+
+def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kinds: list[str], seed: int) -> dict:
+    from mjoin.engine import run_interval
     from mjoin.sketch import SketchConfig
     from mjoin.stats.job import StatsConfig, run_statistics
 
-    query = load_query("tpcds_returns_by_address")
-    tmp = tempfile.mkdtemp(prefix="mjoin-bench-stats-")
-    lake = Lake(str(Path(tmp) / "lake"))
-    t0, t1, counts = land_tpcds_replay(lake, args.sf, args.rate)
-    if args.minutes:
-        t1 = min(t1, t0 + int(args.minutes * 60))
-    t1 = t0 + (t1 - t0) // args.cycle * args.cycle
-    spark = spark_session()
-    runs = []
-    for mode in ("exact", "sketch", "exact", "sketch"):  # the first of each warms the JVM up
-        cfg = StatsConfig(mode=mode, sketch=SketchConfig() if mode == "sketch" else None)
+    def one(kind, r):
+        load = _load()
         t = time.perf_counter()
-        run = run_statistics(spark, query, lake, t0, t1, args.cycle, out=str(Path(tmp) / f"stats-{mode}"), config=cfg)
-        wall = time.perf_counter() - t
+        if kind == "engine":
+            s = run_interval(spark, query, None, lake, start, end, ENGINE_CYCLE, str(work / f"engine-{r}"))
+            return {"wall_seconds": s.wall_seconds, "call_seconds": time.perf_counter() - t,
+                    "batch_seconds": s.batch_seconds, "prepare_seconds": s.prepare_seconds,
+                    "warmup_seconds": s.warmup_seconds, "batches": s.batches, "result_rows": s.result_rows,
+                    "rows_in": sum(s.rows_in.values()), "load_average": load}
+        if kind == "stats_marginal":
+            rec = stats_marginal(spark, query, lake, start, end, str(work / f"{kind}-{r}"))
+            rec["load_average"] = load
+            return rec
+        cfg = (StatsConfig(mode="sketch", sketch=SketchConfig()) if kind == "stats_sketch"
+               else StatsConfig(method=kind.split("_")[1]))
+        run = run_statistics(spark, query, lake, start, end, STATS_CYCLE, out=str(work / f"{kind}-{r}"), config=cfg)
         s = run.summary
-        runs.append({"mode": mode, "wall_seconds": wall, "phases": s["wall_seconds"], "cycles": s["cycles"],
-                     "tuples": sum(v["tuples"] for v in s["streams"].values()),
-                     "rows_read": sum(v["rows_read"] for v in s["streams"].values()),
-                     "sketch": s.get("sketch")})
-        print(f"{mode}: {wall:.1f}s for {s['cycles']} cycles, {runs[-1]['tuples']} tuples")
-    warm = {r["mode"]: r for r in runs[2:]}
-    engine = args.engine_seconds or (engine_seconds_from_metrics(args.engine_metrics) if args.engine_metrics else None)
-    doc = {
-        "benchmark": "stats-cost", "machine": machine_info(),
-        "parameters": {"workload": "tpcds replay", "sf": args.sf, "rate": args.rate, "cycle": args.cycle,
-                       "interval": [t0, t1], "interval_seconds": t1 - t0, "landed_rows": counts},
-        "runs": runs,
-        "engine_seconds": engine,
-        "stats_over_engine": ({m: r["wall_seconds"] / engine for m, r in warm.items()} if engine else None),
-        "goal": "statistics <= 5% of the engine's time on the same interval",
-    }
-    if args.band_join:
-        doc["band_join_seconds"] = band_join_seconds(spark, query, lake, t0, t1)
-        doc["sweep_edges_seconds"] = warm["exact"]["phases"].get("edges")
-        print(f"band join (edges only): {doc['band_join_seconds']:.1f}s vs event sweep {doc['sweep_edges_seconds']:.1f}s")
+        return {"wall_seconds": time.perf_counter() - t, "phases": s["wall_seconds"], "cycles": s["cycles"],
+                "tuples": sum(v["tuples"] for v in s["streams"].values()),
+                "rows_read": sum(v["rows_read"] for v in s["streams"].values()), "load_average": load}
+
+    rng = random.Random(seed)
+    runs = []
+    for r in range(rounds):
+        order = list(kinds)
+        rng.shuffle(order)
+        for kind in order:
+            rec = one(kind, r)
+            rec.update({"kind": kind, "round": r})
+            runs.append(rec)
+            print(f"  round {r} {kind}: {rec['wall_seconds']:.2f}s (load {rec['load_average'][0]})", flush=True)
+    measured = [x for x in runs if x["round"] > 0] or runs
+    median = {k: statistics.median(x["wall_seconds"] for x in measured if x["kind"] == k) for k in kinds}
+    median_batches = statistics.median(x["batch_seconds"] for x in measured if x["kind"] == "engine")
+    return {"runs": runs, "median_wall_seconds": median, "median_engine_batch_seconds": median_batches}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="sf 0.1 only, warm only, 2 rounds (one measured)")
+    ap.add_argument("--sizes", default="0.1,1", help="TPC-DS scale factors (default 0.1,1)")
+    ap.add_argument("--rounds", type=int, default=3, help="warm rounds; the first is discarded (default 3)")
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold (fresh process) runs")
+    ap.add_argument("--no-sketch", action="store_true", help="skip sketch mode in the warm rounds")
+    ap.add_argument("--band-join", action="store_true", help="also time the band-join alternative for the edges")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.rounds, args.no_cold = "0.1", 2, True
+
+    from mjoin.lake import Lake
+    from mjoin.query import load_query
+
+    query = load_query(QUERY)
+    kinds = ["engine", "stats_pass", "stats_marginal", "stats_sql"] + ([] if args.no_sketch else ["stats_sketch"])
+    doc = {"benchmark": "stats-cost", "machine": machine_info(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
+           "parameters": {"query": QUERY, "workload": "tpcds replay, 20 minutes", "engine_cycle": ENGINE_CYCLE,
+                          "engine": "mjoin, spec order, EngineConfig() defaults", "stats_cycle": STATS_CYCLE,
+                          "rounds": args.rounds, "spark": "warm: local[2], 4 shuffle partitions; cold: the CLIs' "
+                                                          "defaults (local[*], 2 x cores shuffle partitions)"},
+           "goal": "statistics <= 5% of the engine's time on the same interval", "sizes": {}}
+    spark = None
+    for sf in [float(x) for x in args.sizes.split(",")]:
+        rate = RATES.get(sf, 500.0 * sf)
+        work = Path(tempfile.mkdtemp(prefix=f"mjoin-bench-stats-{sf}-"))
+        lake = Lake(str(work / "lake"))
+        t0, t1, counts = land_tpcds_replay(lake, sf, rate)
+        start = t0 + WARMUP
+        end = start + (t1 - start) // ENGINE_CYCLE * ENGINE_CYCLE
+        print(f"sf {sf}: {sum(counts.values())} rows at {rate:g}/s, interval {end - start} s", flush=True)
+        size = {"sf": sf, "rate": rate, "interval": [start, end], "interval_seconds": end - start,
+                "landed_rows": counts}
+        if not args.no_cold:
+            size["cold"] = cold(lake, work, start, end)
+            c = size["cold"]
+            c["stats_over_engine"] = {"process": c["stats_pass"]["process_seconds"] / c["engine"]["process_seconds"],
+                                      "self_reported": c["stats_pass"]["wall_seconds"] / c["engine"]["wall_seconds"]}
+            print(f"  cold: engine {c['engine']['process_seconds']:.1f}s, stats {c['stats_pass']['process_seconds']:.1f}s",
+                  flush=True)
+        if spark is None:
+            spark = spark_session()
+        size["warm"] = warm(spark, query, lake, work, start, end, args.rounds, kinds, args.seed)
+        med = size["warm"]["median_wall_seconds"]
+        size["warm"]["stats_over_engine"] = {k: v / med["engine"] for k, v in med.items() if k != "engine"}
+        size["warm"]["stats_over_engine_batches"] = {k: v / size["warm"]["median_engine_batch_seconds"]
+                                                     for k, v in med.items() if k != "engine"}
+        if args.band_join:
+            size["band_join_seconds"] = band_join_seconds(spark, query, lake, start, end)
+        doc["sizes"][str(sf)] = size
+        print(f"  warm medians: {json.dumps({k: round(v, 2) for k, v in med.items()})}", flush=True)
+    doc["load_average_end"] = _load()
     name = "cost-quick" if args.quick else "cost"
     write_json(Path(args.out) / f"{name}.json", doc)
     _plot(doc, Path(args.out) / f"{name}.png")
@@ -141,29 +266,30 @@ def _plot(doc, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    warm = {r["mode"]: r for r in doc["runs"][2:]}
-    phases = sorted({k for r in warm.values() for k in r["phases"] if k not in ("compute", "total")})
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    bottom = {m: 0.0 for m in warm}
-    for ph in phases:
-        vals = [warm[m]["phases"].get(ph, 0.0) for m in warm]
-        ax[0].bar(list(warm), vals, bottom=[bottom[m] for m in warm], label=ph)
-        for m, v in zip(warm, vals):
-            bottom[m] += v
-    ax[0].set_ylabel("seconds (warm run)")
-    ax[0].set_title(f"statistics job, {doc['parameters']['interval_seconds']} s of TPC-DS replay "
-                    f"(sf {doc['parameters']['sf']})", fontsize=9)
-    ax[0].legend(fontsize=7)
-    labels, vals = ["exact: edges (sweep)"], [warm["exact"]["phases"].get("edges", 0)]
-    if doc.get("band_join_seconds") is not None:
-        labels.append("band join (edges)")
-        vals.append(doc["band_join_seconds"])
-    if doc.get("engine_seconds"):
-        labels.append("engine x 5%")
-        vals.append(doc["engine_seconds"] * 0.05)
-    ax[1].bar(labels, vals, color=["C0", "C3", "C2"][:len(vals)])
-    ax[1].set_ylabel("seconds")
-    ax[1].set_title("edge statistics: event sweep vs band join", fontsize=9)
+    sizes = list(doc["sizes"].values())
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.5), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        med = size["warm"]["median_wall_seconds"]
+        labels = ["engine\n(wall)", "engine\n(batches)"] + [k.replace("stats_", "stats\n") for k in med if k != "engine"]
+        vals = [med["engine"], size["warm"]["median_engine_batch_seconds"]] + [v for k, v in med.items() if k != "engine"]
+        colors = ["C2", "C2"] + ["C0", "C9", "C1", "C4"][:len(vals) - 2]
+        bars = ax.bar(labels, vals, color=colors, alpha=0.85, label="warm (median)")
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.axhline(0.05 * med["engine"], color="k", ls="--", lw=1, label="5% of the engine (warm)")
+        if "cold" in size:
+            c = size["cold"]
+            ax.scatter([0, 2], [c["engine"]["process_seconds"], c["stats_pass"]["process_seconds"]], marker="v",
+                       color="k", zorder=3, label="cold: whole process")
+            ax.scatter([0, 2], [c["engine"]["wall_seconds"], c["stats_pass"]["wall_seconds"]], marker="x",
+                       color="k", zorder=3, label="cold: self-reported")
+        ratio = size["warm"]["stats_over_engine"]["stats_pass"]
+        ax.set_title(f"TPC-DS sf {size['sf']:g}, {size['interval_seconds']} s interval, "
+                     f"{sum(size['landed_rows'].values())} rows\nstats (pass) / engine = {ratio:.0%} warm", fontsize=9)
+        ax.set_ylabel("seconds")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"statistics job vs join engine, same interval (load average {doc['machine']['load_average'][0]:.1f} "
+                 f"at start, {doc['machine']['cpus']} cores)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
