@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 
 import numpy as np
@@ -116,15 +117,30 @@ def test_fit_failure_falls_back():
     assert out["method"] == "mean" and out["value"] == pytest.approx(np.mean(y))
 
 
-def test_values_are_clipped_and_the_reason_says_so():
-    y = np.maximum(0.0, 5 - 0.5 * np.arange(20)) + np.r_[np.zeros(19), 0.01]  # falls to 0, forecast < 0
-    out = forecast_series(y, "lambda")
-    assert out["value"] >= 0.0
-    mu = 3.0 - 0.2 * np.arange(20)
-    mu[mu < 1] = 1.0
-    mu[-1] = 1.0001
-    out = forecast_series(mu, "mu")
-    assert out["value"] >= 1.0
+@pytest.mark.parametrize("stat, y, bound", [
+    ("lambda", 9.8 - 0.5 * np.arange(20), 0.0),  # falls to 0.3: Holt says -0.2
+    ("mu", 2.95 - 0.1 * np.arange(20), 1.0),  # falls to 1.05: Holt says 0.95
+    ("gamma", 0.052 * np.arange(20), 1.0),  # rises to 0.988: the damped trend still passes 1
+])
+def test_values_are_clipped_and_the_reason_says_so(stat, y, bound):
+    out = forecast_series(y, stat)
+    assert out["method"] in ("holt", "holt_damped")  # a fit, then clipped (not a fallback)
+    assert out["value"] == bound
+    assert re.fullmatch(rf"clipped [-0-9.e]+ to {bound:g}", out["reason"]), out["reason"]
+    unclipped = float(out["reason"].split()[1])
+    assert (unclipped < bound) == (stat != "gamma") and unclipped != bound  # below 0 / 1, or above 1 for gamma
+    assert out["lower"] is not None and out["lower"] <= out["value"] <= out["upper"]
+
+
+def test_a_forecast_outside_the_data_falls_back_as_fit_unstable():
+    """The guard: a fitted value beyond [min - guard*range, max + guard*range] is not used."""
+    y = np.arange(20.0)  # Holt extrapolates to 20
+    assert forecast_series(y, "lambda")["method"] == "holt"  # default guard (1 x range): accepted
+    out = forecast_series(y, "lambda", config=ForecastConfig(guard=0.0))  # no room beyond [0, 19]
+    assert out["method"] == "last_value" and out["value"] == 19.0
+    assert re.fullmatch(r"fit unstable: forecast 20(\.0+\d*)? outside \[0, 19\]", out["reason"]), out["reason"]
+    out = forecast_series(y, "lambda", config=ForecastConfig(guard=0.0, fallback="mean"))
+    assert out["method"] == "mean" and out["value"] == pytest.approx(9.5) and "fit unstable" in out["reason"]
 
 
 def test_statsmodels_warnings_do_not_leak(seed_query, caplog):
