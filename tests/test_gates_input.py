@@ -347,7 +347,8 @@ def _format_lake(lake, query):
 
 def test_event_time_in_a_string_format_is_checked(format_query, lake):
     _format_lake(lake, format_query)
-    res = check_input(format_query, lake, START, END, cycle=CYCLE)
+    # 48 checked rows in cycle A1: judged alone (fraction_min_rows=1), not pooled with the small cycles
+    res = check_input(format_query, lake, START, END, cycle=CYCLE, config=GateConfig(fraction_min_rows=1))
     assert res.failed_expectations == ["input.future_fraction_below_max", "input.late_fraction_below_max"]
     late = next(f for f in res.failures if f.expectation == "input.late_fraction_below_max")
     assert late.values[0]["where"] == f"cu@{cycle_iso(1)}" and late.values[0]["late"] == 3
@@ -409,3 +410,31 @@ def test_spark_engine_evaluates_format_and_expression(seed_query, format_query, 
     assert res.failed_expectations == ["input.late_fraction_below_max"]
     assert sorted(v["where"] for v in res.failures[0].values) == [f"cu@{cycle_iso(0)}", f"cu@{cycle_iso(1)}"]
     assert res.details["skipped"] == []
+
+
+# ---- small cycles: pooled, not judged on a handful of rows --------------------------------------
+
+def test_small_cycles_are_pooled_not_judged_alone(seed_query, lake):
+    """With 10-row cycles, 1 NULL key in one cycle (10 %, above a 5 % limit) is noise and passes: that cycle's
+    fractions are judged pooled with the other small cycles of its stream (1 of 40 = 2.5 %). A NULL key in
+    every small cycle (4 of 40 = 10 %) still fails, on the pooled row."""
+    cfg = GateConfig(null_key_fraction_max=0.05, fraction_min_rows=50)
+    good_lake(lake, seed_query, n_cycles=N_CYCLES, rows=10)
+    write_stream_file(lake, seed_query, "sr", _cycle(2), 10, seed=21, null_keys=1)  # replaces cycle 2's file
+    res = check_input(seed_query, lake, START, END4, cycle=CYCLE, config=cfg)
+    assert "input.null_key_fraction_below_max" not in res.failed_expectations
+    rows = {r["where"]: r for r in res.details["cycles"]}
+    assert rows[f"sr@{cycle_iso(2)}"]["pooled"] and rows[f"sr@{cycle_iso(2)}"]["null_key_rows"] == 1
+    assert rows["sr@small cycles"]["null_key_rows"] == 1 and rows["sr@small cycles"]["key_checked_rows"] == 40
+    # the same cycles judged alone (fraction_min_rows=1) fail on cycle 2
+    alone = check_input(seed_query, lake, START, END4, cycle=CYCLE, config=GateConfig(null_key_fraction_max=0.05,
+                                                                                      fraction_min_rows=1))
+    assert alone.failed_expectations == ["input.null_key_fraction_below_max"]
+    assert [v["where"] for v in alone.failures[0].values] == [f"sr@{cycle_iso(2)}"]
+    # a NULL key in every small cycle of sr: 4 of 40 pooled = 10 % > 5 %, fails on the pooled row
+    for k in range(N_CYCLES):
+        write_stream_file(lake, seed_query, "sr", _cycle(k), 10, seed=40 + k, null_keys=1)
+    bad = check_input(seed_query, lake, START, END4, cycle=CYCLE, config=cfg)
+    assert bad.failed_expectations == ["input.null_key_fraction_below_max"]
+    (v,) = bad.failures[0].values
+    assert v["where"] == "sr@small cycles" and v["null_key_rows"] == 4

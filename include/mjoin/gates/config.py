@@ -37,6 +37,10 @@ class GateConfig:
     #: 2.2-4.3 % NULL foreign keys in the seed streams (measured, docs/gates.md), so
     #: 10 % passes healthy data and catches a broken feed.
     null_key_fraction_max: float = 0.10
+    #: a cycle's NULL-key, late and future fractions are judged on their own only when it has at least
+    #: this many checked rows (1 NULL in 7 rows is 14 %: noise, not a broken feed); the smaller cycles
+    #: of a stream are pooled and judged together as one row ``<stream>@small cycles``
+    fraction_min_rows: int = 50
     #: rows a stream must deliver in every cycle of the interval (streams not in quiet_streams)
     min_rows_per_cycle: int = 1
     #: streams that are not expected to flow (no minimum row count per cycle)
@@ -89,7 +93,7 @@ class GateConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 <= v <= 1):
                 problems.append(f"{name}={v!r} must be a fraction in [0, 1]")
-        for name in ("min_rows_per_cycle", "min_history", "forecast_window"):
+        for name in ("min_rows_per_cycle", "fraction_min_rows", "min_history", "forecast_window"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
                 problems.append(f"{name}={v!r} must be a non-negative integer")

@@ -18,7 +18,9 @@ and every column's min, max and NULL count).
 The per-file numbers become small pandas frames that GX validates in ~0.05 s:
 ``files`` (one row per file), ``cycles`` (one row per stream and arrival cycle: the
 NULL-key, late and future fractions and the row count are checked per cycle, so one bad
-cycle is not diluted by good ones) and ``streams`` (per-interval totals, for the report).
+cycle is not diluted by good ones; cycles with fewer than ``fraction_min_rows`` checked rows
+are pooled into one row ``<stream>@small cycles``, so their fractions are judged together
+instead of on a handful of rows) and ``streams`` (per-interval totals, for the report).
 
 ``config.input_engine="spark"`` (or ``spark=`` given) scans the key and event-time
 columns with Spark instead (:mod:`mjoin.gates.input_spark`), for raw input too big for
@@ -551,9 +553,20 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
                             "event_time": s.event_time.to_spec(), "event_time_checked": unchecked is None,
                             "event_time_unchecked": unchecked})
         min_rows = 0 if s.name in cfg.quiet_streams else cfg.min_rows_per_cycle
+        small = []  # files of the cycles too small to judge their fractions alone
         for i, c in enumerate(starts):
-            cycle_rows.append({"where": f"{s.name}@{iso(c)}", "stream": s.name, "cycle": iso(c),
-                               **_totals([r for r in mine if r["cycle_index"] == i]), "min_rows": min_rows})
+            in_cycle = [r for r in mine if r["cycle_index"] == i]
+            row = {"where": f"{s.name}@{iso(c)}", "stream": s.name, "cycle": iso(c), **_totals(in_cycle),
+                   "min_rows": min_rows, "pooled": False}
+            if len(starts) > 1 and row["key_checked_rows"] + row["ts_checked_rows"] > 0 and (
+                    row["key_checked_rows"] < cfg.fraction_min_rows or row["ts_checked_rows"] < cfg.fraction_min_rows):
+                # GX skips missing values: the fractions of this cycle are judged in the pooled row below
+                row.update(null_key_fraction=math.nan, late_fraction=math.nan, future_fraction=math.nan, pooled=True)
+                small += in_cycle
+            cycle_rows.append(row)
+        if small:
+            cycle_rows.append({"where": f"{s.name}@small cycles", "stream": s.name, "cycle": None, **_totals(small),
+                               "min_rows": 0, "pooled": False})
     files_df = pd.DataFrame(file_rows, columns=FILE_COLUMNS)
     streams_df = pd.DataFrame(stream_rows)
     cycles_df = pd.DataFrame(cycle_rows)
