@@ -115,12 +115,14 @@ def _outcome(lake: Lake, query_ref: str, logical: str) -> dict | None:
 def _describe(outcome: dict | None, rc: int) -> str:
     if not outcome:
         return f"no outcome recorded (airflow exit {rc})"
-    status = outcome["status"]
+    status, active = outcome["status"], outcome.get("active_version")
     if status == "deployed":
         gain = outcome.get("estimated_gain")
         gain = f", estimated gain {gain:.1%}" if isinstance(gain, (int, float)) else ""
         changes = "; ".join(outcome.get("changes") or [])[:160]
         return f"deployed plan v{outcome['version']}{gain}: {changes}"
+    if status == "rolled_back":
+        return f"plan v{outcome.get('version')} rolled back (the job did not switch); active plan v{active}"
     if status == "failed":
-        return f"FAILED at {', '.join(outcome.get('failed_tasks') or [])}; active plan kept (v{outcome.get('version')})"
-    return f"{status} (active plan v{outcome.get('version')})"
+        return f"FAILED at {', '.join(outcome.get('failed_tasks') or [])}; active plan kept (v{active})"
+    return f"{status} (active plan v{active})"
