@@ -101,9 +101,13 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         res = forecast(h, as_of, length=60)
         elapsed = time.perf_counter() - start
+        fitted = sum(v for k, v in res.statistics.meta["methods"].items() if k.startswith("holt"))
         whole.append({"groups": groups, "series": len(res.series), "seconds": elapsed,
+                      "fit_seconds": res.fit_seconds, "prepare_seconds": elapsed - res.fit_seconds,
+                      "fitted_series": fitted, "ms_per_fitted_series": 1000 * res.fit_seconds / max(fitted, 1),
                       "methods": res.statistics.meta["methods"]})
-        print(f"forecast(): {len(res.series)} series in {elapsed:.2f}s  {res.statistics.meta['methods']}")
+        print(f"forecast(): {len(res.series)} series in {elapsed:.2f}s (fits {res.fit_seconds:.2f}s, "
+              f"{whole[-1]['ms_per_fitted_series']:.1f} ms per fitted series)  {res.statistics.meta['methods']}")
     alts = single_fit_alternatives(20 if args.quick else 100)
     doc = {"benchmark": "forecast-speed", "machine": machine_info(),
            "parameters": {"length": 60, "cycles": 80, "groups": group_counts}, "forecast": whole, "alternatives": alts}
