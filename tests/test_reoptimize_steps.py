@@ -368,3 +368,34 @@ def test_await_switch_fails_fast_when_the_job_has_stopped(job, tmp_path, seed_qu
         await_switch(cfg, ctx, deployed, poll=0.5)
     assert time.monotonic() - t0 < 10
     assert PlanRegistry(job.lake, QUERY).active_version() == deployed["version"]
+
+
+# ---- calibration before optimizing (last: it writes the live cost model into the job's lake) -------
+
+def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(job, tmp_path, seed_query):
+    from mjoin.cost import CostModel
+    from mjoin.reoptimize import calibrate, cost_model_path
+
+    def cfg_for(**params):
+        return LoopConfig.from_params({"query": QUERY, "lake": job.lake.root, **params})
+
+    # skipped: explicit model, evaluation namespace, switched off; nothing written to the live lake
+    for params, why in (({"cost_model": str(tmp_path / "given.json")}, "explicit cost_model"),
+                        ({"namespace": "eval/x"}, "evaluation namespace"), ({"calibrate": False}, "off")):
+        doc = calibrate(cfg_for(**params), seed_query, str(tmp_path))
+        assert doc["status"] == "skipped" and why in doc["reason"]
+    live_model = fsutil.join(job.lake.plans(QUERY), "cost_model.json")
+    assert not fsutil.exists(live_model)
+
+    # a fit that cannot reach the required R^2 keeps the previous model (here: the defaults) and says why
+    doc = calibrate(cfg_for(calibration_min_r2=1.01), seed_query, str(tmp_path))
+    assert doc["status"] == "kept" and "R^2" in doc["reason"] and doc["cost_model"] == "defaults (uncalibrated)"
+    assert not fsutil.exists(live_model)
+
+    # the real job's batches: fitted, written where the optimizer and the plan gate read it, recorded in the run
+    doc = calibrate(cfg_for(calibration_min_r2=0.0), seed_query, str(tmp_path))
+    assert doc["status"] == "fitted" and doc["records"] > 0 and doc["path"] == live_model
+    assert cost_model_path(cfg_for()) == live_model == doc["cost_model"]
+    model = CostModel.load(live_model)
+    assert model.calibrated and model.alpha_q >= 0 and model.alpha_m >= 0
+    assert json.loads(open(tmp_path / "calibration.json").read())["status"] == "fitted"

@@ -38,6 +38,8 @@ REOPTIMIZE_PARAMS = {
               "gate threshold overrides for this run, e.g. {\"null_key_fraction_max\": 0.2, \"min_history\": 5} "
               "(keys and defaults: docs/gates.md; an unknown key fails the run at prepare)"),
     "dry_run": (False, "boolean", {}, "optimize and gate, do not deploy"),
+    "calibrate": (True, "boolean", {}, "refit the cost model's coefficients from the live join's newest batches "
+                                       "before optimizing (a weak fit keeps the previous model)"),
     "mode": ("cycle", "string", {"enum": ["cycle", "continuous"]},
              "cycle: join each interval in this run (availableNow); continuous: a running join job hot-reloads "
              "(backfill runs always use cycle)"),

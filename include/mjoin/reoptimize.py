@@ -76,6 +76,9 @@ class LoopConfig:
     workload: str = ""  # cycle mode: land each interval from this generated workload
     initial_order: list = field(default_factory=list)
     cost_model: str = ""  # path of a calibrated cost model JSON ("" = <lake>/.../cost_model.json if present)
+    calibrate: bool = True  # refit the cost model from the live join's metrics before optimizing
+    calibration_batches: int = 200  # ... from its newest batches
+    calibration_min_r2: float = 0.3  # ... and keep the previous model when the fit explains less
     gates: dict = field(default_factory=dict)  # GateConfig overrides
     stats_mode: str = "exact"  # exact | sketch
     deploy_timeout: float = 600.0  # continuous mode: wait this long for the job to switch
@@ -334,11 +337,40 @@ def cost_model_path(cfg: LoopConfig) -> str | None:
     return default if fsutil.exists(default) else None
 
 
+def calibrate(cfg: LoopConfig, query, run_dir: str) -> dict:
+    """Refit alpha_q, alpha_m and the per-call cost (ALGORITHMS.md Eq. 1-8) to the live join job's newest
+    batches (``mjoin.calibrate.calibrate_from_lake``), writing the model the optimizer and the plan gate read.
+
+    Skipped for an explicit ``cost_model`` and in evaluation namespaces (their joins are not the live job's);
+    a weak fit (R^2 under ``calibration_min_r2``) or no metrics keeps the previous model. The outcome is in
+    ``calibration.json`` of the run folder."""
+    from .calibrate import CalibrationError, calibrate_from_lake
+
+    if not cfg.calibrate or cfg.cost_model or cfg.namespace:
+        why = ("off (calibrate=false)" if not cfg.calibrate else "explicit cost_model" if cfg.cost_model
+               else "evaluation namespace")
+        doc = {"status": "skipped", "reason": why}
+    else:
+        try:
+            _, report, path = calibrate_from_lake(Lake(cfg.lake), query, last=cfg.calibration_batches,
+                                                  min_r2=cfg.calibration_min_r2)
+            doc = {"status": "fitted", "path": path, "r2": report.get("r2"), "records": report.get("records"),
+                   "batches": report.get("batches"), "coefficients": report.get("coefficients")}
+        except CalibrationError as exc:
+            doc = {"status": "kept", "reason": str(exc)}
+    doc["cost_model"] = cost_model_path(cfg) or "defaults (uncalibrated)"
+    fsutil.atomic_write_text(fsutil.join(run_dir, "calibration.json"), json.dumps(doc, indent=2, default=str))
+    log.info("calibration: %s (%s); cost model: %s", doc["status"],
+             doc.get("reason") or f"R^2 {doc['r2']:.3f} over {doc['records']} batches", doc["cost_model"])
+    return doc
+
+
 def optimize(cfg: LoopConfig, ctx: dict) -> dict:
     from .optimize import optimize as run_optimizer
     from .statistics import Statistics
 
     query = cfg.load_query()
+    calibration = calibrate(cfg, query, ctx["run_dir"])
     stats = Statistics.load(fsutil.join(ctx["run_dir"], "forecast.json"))
     t0 = time.perf_counter()
     plan = run_optimizer(query, stats, cfg.strategy, initial_order=cfg.initial_order or None,
@@ -348,7 +380,8 @@ def optimize(cfg: LoopConfig, ctx: dict) -> dict:
     path = fsutil.join(ctx["run_dir"], "candidate_plan.json")
     plan.save(path)
     return {"plan": path, "strategy": plan.strategy, "estimated_cost": plan.estimated_cost,
-            "seconds": round(time.perf_counter() - t0, 4),
+            "seconds": round(time.perf_counter() - t0, 4), "calibration": calibration["status"],
+            "cost_model": calibration["cost_model"],
             "orders": {s: [r for _, r in pairs] for s, pairs in plan.orders[0].items()}}
 
 
