@@ -41,7 +41,7 @@ def _dags_test(env, dag_id: str, logical_date: str, conf: dict, log_path: Path) 
     return proc.returncode, time.perf_counter() - t
 
 
-def run_demo(*, sf: float = 0.1, periods: int = 4, period_minutes: int = 2, cycle: int = 10, strategy: str = "exact",
+def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycle: int = 10, strategy: str = "exact",
              workdir: Path | None = None, query: str = "tpcds_returns_by_address", evaluate: bool = True) -> dict:
     t_all = time.perf_counter()
     workdir = Path(workdir or PROJECT_DIR / ".demo")

@@ -11,7 +11,7 @@ over the same history, and print the strategy comparison and the report path."""
 
 def add_arguments(p):
     p.add_argument("--sf", type=float, default=0.1, help="TPC-DS scale factor (default 0.1)")
-    p.add_argument("--periods", type=int, default=4, help="re-optimization runs (default 4)")
+    p.add_argument("--periods", type=int, default=3, help="re-optimization runs (default 3)")
     p.add_argument("--period-minutes", type=int, default=2, help="simulated minutes per run (default 2)")
     p.add_argument("--cycle", type=int, default=10, help="statistics cycle, seconds (default 10)")
     p.add_argument("--strategy", default="exact", help="optimizer of the loop (default exact)")
