@@ -335,13 +335,13 @@ def plot(result: dict, path: Path) -> None:
                 same = [n for n, c in result["optimizer_plans"].items() if c.get("runs_as") == r["order"]]
                 ax.scatter([r["predicted_seconds"]], [r[key]], marker="*" if is_exact else "D",
                            s=220 if is_exact else 60, color="#c44e52" if is_exact else "#55a868", zorder=3,
-                           label=" = ".join(same) + (f" (= fixed {r['same_orders_as_fixed']})"
-                                                      if r.get("same_orders_as_fixed") else ""))
+                           label=f"{same[0]}" + (f" (+{len(same) - 1} same)" if len(same) > 1 else "")
+                           + (f" = fixed {r['same_orders_as_fixed']}" if r.get("same_orders_as_fixed") else ""))
         ax.set_xscale("log")
         ax.set_xlabel("predicted probing seconds (calibrated cost model x statistics per cycle)")
         ax.set_ylabel(label)
         ax.set_title(f"{key}: Spearman rho (24 fixed) = {rc[key]['rho']:.2f}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     by = rows
     x = list(range(len(by)))
     axes[2].bar(x, [r["batch_seconds"] for r in by], color=["#c44e52" if r["order"] == exact else
@@ -351,7 +351,7 @@ def plot(result: dict, path: Path) -> None:
     axes[2].plot(x, [r["probe_cpu_seconds"] for r in by], "x", color="#dd8452", label="probing CPU time")
     axes[2].set_xticks(x, [r["order"] for r in by], rotation=90, fontsize=7)
     axes[2].set_ylabel("seconds (median over rounds)")
-    axes[2].set_title("plans by predicted cost (red: exact, green: other optimizers)")
+    axes[2].set_title("by predicted cost (red: exact, green: other optimizer plans)")
     axes[2].legend(fontsize=7)
     p = result["parameters"]
     fig.suptitle(f"selective synthetic workload (mu_hot {p['mu_hot']:g}, rare gamma ~{p['mu_rare']:g}, "
@@ -380,7 +380,11 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="working folder (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of a results JSON and exit")
     args = p.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+        return 0
     args.domain = args.domain or (240 if args.quick else 2400)
     args.duration = args.duration or ("5m" if args.quick else "11m")
     args.rounds = args.rounds or (1 if args.quick else 3)
