@@ -15,6 +15,9 @@ Measured on that interval, for each size:
 - **engine**: ``mjoin.engine.run_interval`` (the spec's stream order, 60 s batches, 16 buckets:
   the engine benchmark's settings), its wall time (reading and routing the interval, the
   warm-up batch, the batches, writing results and metrics) and ``batch_seconds`` (the batches only);
+- **engine_streaming**: what the continuous join job spends on the interval: the same engine with one
+  Spark job per 10-s micro-batch (``pipelined=False``, the streaming job's per-batch path; 10 s is
+  ``mjoin_join_job``'s default trigger);
 - **stats**: ``mjoin.stats.job.run_statistics`` with 10 s cycles (the DAG's default tau), exact
   mode with ``method="pass"`` (one Spark job) and ``method="sql"`` (one Spark SQL aggregation per
   statistic, the previous implementation), and sketch mode; wall time including the history write;
@@ -59,6 +62,7 @@ from _common import land_tpcds_replay, machine_info, spark_session, write_json  
 QUERY = "tpcds_returns_by_address"
 RATES = {0.1: 50.0, 1.0: 500.0}  # rows/s: 20 minutes of replay at both sizes
 ENGINE_CYCLE = 60
+STREAM_TRIGGER = 10  # seconds: mjoin_join_job's default processingTime trigger
 STATS_CYCLE = 10
 WARMUP = 300  # the seed query's window: the interval starts once every window is full
 
@@ -165,8 +169,13 @@ def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kind
     def one(kind, r):
         load = _load()
         t = time.perf_counter()
-        if kind == "engine":
-            s = run_interval(spark, query, None, lake, start, end, ENGINE_CYCLE, str(work / f"engine-{r}"))
+        if kind in ("engine", "engine_streaming"):
+            # engine: the pipelined interval run (60-s batches, one Spark job per stage for the interval);
+            # engine_streaming: what the continuous job spends, one Spark job per 10-s micro-batch
+            # (the join-job DAG's default trigger), the streaming job's per-batch code path
+            streaming = kind == "engine_streaming"
+            s = run_interval(spark, query, None, lake, start, end, STREAM_TRIGGER if streaming else ENGINE_CYCLE,
+                             str(work / f"{kind}-{r}"), pipelined=not streaming)
             return {"wall_seconds": s.wall_seconds, "call_seconds": time.perf_counter() - t,
                     "batch_seconds": s.batch_seconds, "prepare_seconds": s.prepare_seconds,
                     "warmup_seconds": s.warmup_seconds, "batches": s.batches, "result_rows": s.result_rows,
@@ -206,10 +215,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="warm rounds; the first is discarded (default 3)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold (fresh process) runs")
     ap.add_argument("--no-sketch", action="store_true", help="skip sketch mode in the warm rounds")
+    ap.add_argument("--no-streaming", action="store_true",
+                    help="skip the engine as the continuous job runs it (one Spark job per 10-s micro-batch)")
     ap.add_argument("--band-join", action="store_true", help="also time the band-join alternative for the edges")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot of the committed result JSON")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        name = "cost-quick" if args.quick else "cost"
+        _plot(json.loads((Path(args.out) / f"{name}.json").read_text()), Path(args.out) / f"{name}.png")
+        return 0
     if args.quick:
         args.sizes, args.rounds, args.no_cold = "0.1", 2, True
 
@@ -217,7 +233,8 @@ def main(argv=None) -> int:
     from mjoin.query import load_query
 
     query = load_query(QUERY)
-    kinds = ["engine", "stats_pass", "stats_marginal", "stats_sql"] + ([] if args.no_sketch else ["stats_sketch"])
+    kinds = (["engine"] + ([] if args.no_streaming else ["engine_streaming"]) + ["stats_pass", "stats_marginal", "stats_sql"]
+             + ([] if args.no_sketch else ["stats_sketch"]))
     doc = {"benchmark": "stats-cost", "machine": machine_info(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
            "parameters": {"query": QUERY, "workload": "tpcds replay, 20 minutes", "engine_cycle": ENGINE_CYCLE,
                           "engine": "mjoin, spec order, EngineConfig() defaults", "stats_cycle": STATS_CYCLE,
@@ -246,9 +263,12 @@ def main(argv=None) -> int:
             spark = spark_session()
         size["warm"] = warm(spark, query, lake, work, start, end, args.rounds, kinds, args.seed)
         med = size["warm"]["median_wall_seconds"]
-        size["warm"]["stats_over_engine"] = {k: v / med["engine"] for k, v in med.items() if k != "engine"}
+        stats_kinds = [k for k in med if k.startswith("stats_")]
+        size["warm"]["stats_over_engine"] = {k: med[k] / med["engine"] for k in stats_kinds}
+        if "engine_streaming" in med:
+            size["warm"]["stats_over_engine_streaming"] = {k: med[k] / med["engine_streaming"] for k in stats_kinds}
         size["warm"]["stats_over_engine_batches"] = {k: v / size["warm"]["median_engine_batch_seconds"]
-                                                     for k, v in med.items() if k != "engine"}
+                                                     for k, v in med.items() if k.startswith("stats_")}
         if args.band_join:
             size["band_join_seconds"] = band_join_seconds(spark, query, lake, start, end)
         doc["sizes"][str(sf)] = size
@@ -270,22 +290,32 @@ def _plot(doc, path):
     fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         med = size["warm"]["median_wall_seconds"]
-        labels = ["engine\n(wall)", "engine\n(batches)"] + [k.replace("stats_", "stats\n") for k in med if k != "engine"]
-        vals = [med["engine"], size["warm"]["median_engine_batch_seconds"]] + [v for k, v in med.items() if k != "engine"]
-        colors = ["C2", "C2"] + ["C0", "C9", "C1", "C4"][:len(vals) - 2]
+        eng = [k for k in ("engine", "engine_streaming") if k in med]
+        stats_kinds = [k for k in med if k.startswith("stats_")]
+        labels = (["engine\n(interval)", "engine\n(batches)"] + (["engine\n(streaming)"] if "engine_streaming" in med else [])
+                  + [k.replace("stats_", "stats\n") for k in stats_kinds])
+        vals = ([med["engine"], size["warm"]["median_engine_batch_seconds"]] + [med[k] for k in eng[1:]]
+                + [med[k] for k in stats_kinds])
+        colors = ["C2"] * (len(eng) + 1) + ["C0", "C9", "C1", "C4"][:len(stats_kinds)]
         bars = ax.bar(labels, vals, color=colors, alpha=0.85, label="warm (median)")
         for b, v in zip(bars, vals):
             ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
         ax.axhline(0.05 * med["engine"], color="k", ls="--", lw=1, label="5% of the engine (warm)")
+        if "engine_streaming" in med:
+            ax.axhline(0.05 * med["engine_streaming"], color="C3", ls=":", lw=1, label="5% of the engine, streaming")
         if "cold" in size:
             c = size["cold"]
-            ax.scatter([0, 2], [c["engine"]["process_seconds"], c["stats_pass"]["process_seconds"]], marker="v",
+            xs = [0, labels.index("stats\npass")]
+            ax.scatter(xs, [c["engine"]["process_seconds"], c["stats_pass"]["process_seconds"]], marker="v",
                        color="k", zorder=3, label="cold: whole process")
-            ax.scatter([0, 2], [c["engine"]["wall_seconds"], c["stats_pass"]["wall_seconds"]], marker="x",
+            ax.scatter(xs, [c["engine"]["wall_seconds"], c["stats_pass"]["wall_seconds"]], marker="x",
                        color="k", zorder=3, label="cold: self-reported")
         ratio = size["warm"]["stats_over_engine"]["stats_pass"]
+        streaming = size["warm"].get("stats_over_engine_streaming", {}).get("stats_pass")
+        extra = f", / streaming engine = {streaming:.1%}" if streaming is not None else ""
         ax.set_title(f"TPC-DS sf {size['sf']:g}, {size['interval_seconds']} s interval, "
-                     f"{sum(size['landed_rows'].values())} rows\nstats (pass) / engine = {ratio:.0%} warm", fontsize=9)
+                     f"{sum(size['landed_rows'].values())} rows\nstats (pass) / engine interval run = {ratio:.0%} warm"
+                     f"{extra}", fontsize=9)
         ax.set_ylabel("seconds")
         ax.legend(fontsize=7)
     fig.suptitle(f"statistics job vs join engine, same interval (load average {doc['machine']['load_average'][0]:.1f} "
