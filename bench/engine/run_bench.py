@@ -124,6 +124,17 @@ def rank_correlations(orders: list, predicted: dict, keys) -> dict:
     return out
 
 
+def median_over_rounds(runs: list) -> dict:
+    """One plan's ``summarise`` records of several rounds: the last, with each time replaced by its median
+    over the rounds (and the rounds' values kept as ``<time>_runs``)."""
+    out = dict(runs[-1])
+    for k in ("batch_seconds", "task_seconds", "task_cpu_seconds", "chain_seconds", "chain_cpu_seconds",
+              "probe_seconds", "probe_cpu_seconds"):
+        out[k] = statistics.median(r[k] for r in runs)
+        out[k + "_runs"] = [r[k] for r in runs]
+    return out
+
+
 def spread(rows: list, keys) -> dict:
     out = {}
     for k in keys:
@@ -198,17 +209,8 @@ def run_query(spark, args, lake, qname: str, start: int, end: int, work: Path) -
                   "join_strategies": ns.extra["join_strategies"], "join_order": ns.extra["join_order"],
                   "micro_batches": ns.extra["micro_batches"]}
 
-    def median_of(n):
-        runs = rounds[n]
-        out = dict(runs[-1])
-        for k in ("batch_seconds", "task_seconds", "task_cpu_seconds", "chain_seconds", "chain_cpu_seconds",
-                  "probe_seconds", "probe_cpu_seconds"):
-            out[k] = statistics.median(r[k] for r in runs)
-            out[k + "_runs"] = [r[k] for r in runs]
-        return out
-
-    orders = sorted((median_of(n) for n in plans), key=lambda r: r["batch_seconds"])
-    prefilter = [median_of(n) for n in pre_plans]
+    orders = sorted((median_over_rounds(rounds[n]) for n in plans), key=lambda r: r["batch_seconds"])
+    prefilter = [median_over_rounds(rounds[n]) for n in pre_plans]
 
     # one calibration path: mjoin.calibrate on the engine's per-step metrics (CPU time)
     calibration = {}

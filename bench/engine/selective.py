@@ -48,8 +48,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run_bench import (MEASURES, PROJECT, git_commit, predicted_costs, rank_correlations,  # noqa: E402
-                       spread, summarise, versions)
+from run_bench import (MEASURES, PROJECT, git_commit, median_over_rounds, predicted_costs,  # noqa: E402
+                       rank_correlations, spread, summarise, versions)
 
 sys.path.insert(0, str(PROJECT / "include"))
 log = logging.getLogger("bench.engine.selective")
@@ -92,15 +92,6 @@ def fingerprint(results_path: str) -> dict:
 def plan_key(plan) -> str:
     return json.dumps({g: {s: [list(p) for p in o] for s, o in sorted(v.items())} for g, v in plan.orders.items()},
                       sort_keys=True)
-
-
-def median_of(runs: list) -> dict:
-    out = dict(runs[-1])
-    for k in ("batch_seconds", "task_seconds", "task_cpu_seconds", "chain_seconds", "chain_cpu_seconds",
-              "probe_seconds", "probe_cpu_seconds"):
-        out[k] = statistics.median(r[k] for r in runs)
-        out[k + "_runs"] = [r[k] for r in runs]
-    return out
 
 
 def first_step_fanout(records: list, stats) -> dict:
@@ -239,7 +230,7 @@ def run(args) -> dict:
             shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
 
-    rows = [median_of(rounds[n]) for n in plans]
+    rows = [median_over_rounds(rounds[n]) for n in plans]
     for r in rows:
         r["kind"] = "fixed" if r["order"] in fixed_by_key.values() else "optimizer"
         r["same_orders_as_fixed"] = None if r["kind"] == "fixed" else fixed_by_key.get(plan_key(plans[r["order"]]))
