@@ -97,15 +97,43 @@ def test_no_import_errors(world):
     assert {"mjoin_reoptimize", "mjoin_evaluate", "mjoin_join_job"} <= listed, listed
 
 
-def test_three_consecutive_runs_leave_plans_with_lineage(world):
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    """A Spark Connect server (python -m mjoin spark-connect) for the runs that set MJOIN_SPARK_REMOTE."""
+    from mjoin import connect_server
+    from mjoin.resources import Resources
+
+    import socket
+
+    folder = tmp_path_factory.mktemp("connect")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    info = connect_server.start(folder, port, Resources(spark_master="local[2]", shuffle_partitions=4),
+                                driver_memory="1g")
+    yield info
+    connect_server.stop(folder)
+
+
+def stats_summary(world, k: int) -> dict:
+    """The statistics job's own summary of run k's interval."""
+    from mjoin.stats.history import RUNS_DIR, history_root, query_dir
+
+    name = f"{int(parse_time(logical(k - 1)).timestamp())}-{int(parse_time(logical(k)).timestamp())}.json"
+    return json.loads(fsutil.read_text(fsutil.join(query_dir(history_root(Lake(str(world["lake"]))), QUERY), RUNS_DIR, name)))
+
+
+def test_three_consecutive_runs_leave_plans_with_lineage(world, connect):
     """Runs 1-2 deploy when the plan is better; run 3 asks for a 99 % improvement through the gates
-    param (the improvement_threshold param says 0 and loses): "no change", its deploy task skipped."""
+    param (the improvement_threshold param says 0 and loses): "no change", its deploy task skipped.
+    Run 2 has MJOIN_SPARK_REMOTE set: its statistics step runs in the Spark Connect server's session."""
     from mjoin.ui import read_outcomes
 
     env, conf = world["env"], world["conf"]
     for k in (1, 2, 3):
         extra = {"improvement_threshold": 0.0, "gates": {**conf["gates"], "improvement_threshold": 0.99}} if k == 3 else {}
-        proc = dags_test(env, "mjoin_reoptimize", logical(k), {**conf, **extra}, log=world["log"])
+        run_env = {**env, "MJOIN_SPARK_REMOTE": connect["url"]} if k == 2 else env
+        proc = dags_test(run_env, "mjoin_reoptimize", logical(k), {**conf, **extra}, log=world["log"])
         out = outcome(world, k)
         assert out is not None, f"run {k} recorded no outcome (exit {proc.returncode}); see {world['log']}"
         assert out["status"] in ("deployed", "no_change"), (k, out)
@@ -118,6 +146,8 @@ def test_three_consecutive_runs_leave_plans_with_lineage(world):
     assert third["active_version"] == reg.active_version()
     runs = {r["run_id"]: r["state"] for r in list_runs(env, "mjoin_reoptimize")}
     assert [runs[outcome(world, k)["run_id"]] for k in (1, 2, 3)] == ["success"] * 3  # no change is not a failure
+    sessions = [stats_summary(world, k)["spark"]["session"] for k in (1, 2, 3)]
+    assert sessions == ["classic", "connect", "classic"], sessions
     states = task_states(env, "mjoin_reoptimize", third["run_id"])
     assert states["deploy"] == "skipped" and states["await_switch"] == "skipped" and states["record"] == "success"
     assert "threshold 99.0%" in proc.stdout  # the skip message names the threshold actually used

@@ -69,3 +69,11 @@ def spark_env() -> dict:
     bin_dir = spark_bin()
     rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     return {"PATH": os.pathsep.join([bin_dir, *rest]), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+
+
+def spark_remote() -> str:
+    """``MJOIN_SPARK_REMOTE`` (a Spark Connect URL) or ""; set, the DAGs run the statistics step in
+    that server's warm session instead of a fresh spark-submit (mjoin.resources)."""
+    from .resources import Resources
+
+    return Resources.from_env().spark_remote

@@ -11,6 +11,10 @@ from the Airflow connection ``spark_default`` instead.
     MJOIN_SPARK_MASTER    Spark master (default local[*])
     MJOIN_SPARK_CONF      extra Spark settings, "k=v,k=v"
     MJOIN_SHUFFLE_PARTITIONS   default 2 x cores
+    MJOIN_SPARK_REMOTE    a long-lived Spark Connect server, ``sc://host:port`` (default: none).
+                          Set, the statistics step of the DAGs runs in that server's warm session
+                          instead of a fresh spark-submit (``python -m mjoin spark-connect start``
+                          runs one on this machine; docs/statistics.md, "Cost")
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class Resources:
     spark_master: str = "local[*]"
     shuffle_partitions: int = 2 * (os.cpu_count() or 2)
     spark_conf: dict = field(default_factory=dict)
+    spark_remote: str = ""  # "sc://host:port": jobs that can run over Spark Connect use this server
 
     @classmethod
     def from_env(cls, env=None) -> "Resources":
@@ -45,6 +50,9 @@ class Resources:
         profile = env.get("MJOIN_PROFILE", "local")
         if profile not in ("local", "cluster"):
             raise ValueError(f"MJOIN_PROFILE={profile!r}: use local or cluster")
+        remote = env.get("MJOIN_SPARK_REMOTE", "").strip()
+        if remote and not remote.startswith("sc://"):
+            raise ValueError(f"MJOIN_SPARK_REMOTE={remote!r}: expected a Spark Connect URL, sc://host:port")
         if profile == "cluster" and not env.get("MJOIN_LAKE"):
             raise ValueError("MJOIN_PROFILE=cluster needs MJOIN_LAKE (e.g. hdfs://namenode:8020/mjoin)")
         return cls(
@@ -53,4 +61,5 @@ class Resources:
             spark_master=env.get("MJOIN_SPARK_MASTER", "local[*]"),
             shuffle_partitions=int(env.get("MJOIN_SHUFFLE_PARTITIONS", 2 * (os.cpu_count() or 2))),
             spark_conf=_parse_conf(env.get("MJOIN_SPARK_CONF", "")),
+            spark_remote=remote,
         )

@@ -21,11 +21,21 @@ BASE_CONF = {
 }
 
 
-def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf: dict | None = None):
-    """Get (or create) the SparkSession for ``resources``, with :data:`BASE_CONF` applied."""
+class SparkConnectUnavailable(RuntimeError):
+    """``MJOIN_SPARK_REMOTE`` names a Spark Connect server that does not answer."""
+
+
+def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf: dict | None = None, *,
+              allow_remote: bool = False):
+    """Get (or create) the SparkSession for ``resources``, with :data:`BASE_CONF` applied.
+
+    ``allow_remote``: a job that runs over Spark Connect (DataFrame API only, no SparkContext) gets a
+    session of ``resources.spark_remote`` when one is set and the process is not a spark-submit."""
     from pyspark.sql import SparkSession
 
     resources = resources or Resources.from_env()
+    if allow_remote and resources.spark_remote and not os.environ.get("SPARK_SUBMIT_ARGS_SET_MASTER"):
+        return connect_session(resources, conf)
     # Python workers must run the same interpreter (and venv) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -48,4 +58,57 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
             except Exception:  # static settings cannot change at runtime; the builder set them
                 pass
     spark.sparkContext.setLogLevel(os.environ.get("MJOIN_SPARK_LOG_LEVEL", "WARN"))
+    return spark
+
+
+def is_remote(spark) -> bool:
+    """Is ``spark`` a Spark Connect session?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_info(spark) -> dict:
+    """What kind of session a job ran in (recorded in job summaries)."""
+    if is_remote(spark):
+        return {"session": "connect", "remote": getattr(spark, "_mjoin_remote", "")}
+    return {"session": "classic", "master": spark.sparkContext.master}
+
+
+def _reachable(url: str, timeout: float = 5.0) -> str | None:
+    """None if ``sc://host:port[/;params]`` accepts a TCP connection, else the reason."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    host, port = u.hostname or "localhost", u.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc}"
+
+
+def connect_session(resources: Resources, conf: dict | None = None):
+    """A session of the Spark Connect server ``resources.spark_remote``, with the runtime SQL settings of
+    :data:`BASE_CONF` (the server's static settings are its own: ``python -m mjoin spark-connect start``).
+    Fails at once with :class:`SparkConnectUnavailable` if the server does not answer (the client itself
+    would retry for minutes)."""
+    # (a process holds either an in-process session or Connect sessions: pyspark.sql.functions builds the
+    # columns of one kind per process, so the two cannot be mixed)
+    from pyspark.sql import SparkSession
+
+    why = _reachable(resources.spark_remote)
+    if why:
+        raise SparkConnectUnavailable(
+            f"MJOIN_SPARK_REMOTE={resources.spark_remote} does not answer ({why}); start a server with "
+            "`python -m mjoin spark-connect start` or unset MJOIN_SPARK_REMOTE to run Spark in-process")
+    spark = SparkSession.builder.remote(resources.spark_remote).getOrCreate()
+    spark._mjoin_remote = resources.spark_remote
+    settings = {k: v for k, v in BASE_CONF.items() if k.startswith("spark.sql.")}
+    settings["spark.sql.shuffle.partitions"] = str(resources.shuffle_partitions)
+    settings.update({k: v for k, v in {**resources.spark_conf, **(conf or {})}.items() if k.startswith("spark.sql.")})
+    for k, v in settings.items():
+        try:
+            spark.conf.set(k, v)
+        except Exception:  # a static setting: the server's own value stands
+            pass
     return spark

@@ -13,13 +13,18 @@ DESCRIPTION = """Start `airflow standalone` with the project's environment: AIRF
 Spark connection spark_default -> local[*]. The UI is on http://localhost:PORT; log in
 as admin with the password the simple auth manager writes to
 $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated (printed below once it exists).
-Runs made by `make demo` (airflow dags test) are visible here. Stop with Ctrl-C."""
+Runs made by `make demo` (airflow dags test) are visible here. Stop with Ctrl-C.
+With --spark-connect, a Spark Connect server is started too (or the running one reused) and
+the DAGs' statistics step runs in its warm session instead of a fresh spark-submit per run
+(MJOIN_SPARK_REMOTE; see `python -m mjoin spark-connect --help`)."""
 
 
 def add_arguments(p):
     p.add_argument("--port", type=int, default=int(os.environ.get("AIRFLOW__API__PORT", 8080)), help="UI/API port (default 8080)")
     p.add_argument("--home", help="AIRFLOW_HOME (default .airflow in the project)")
     p.add_argument("--lake", help="lake root the DAGs use (default: MJOIN_LAKE or .lake)")
+    p.add_argument("--spark-connect", action="store_true",
+                   help="also run a Spark Connect server for the statistics step (stopped with Airflow)")
 
 
 def run(args) -> int:
@@ -41,8 +46,24 @@ def run(args) -> int:
             time.sleep(1)
 
     threading.Thread(target=announce, daemon=True).start()
+    server = None
+    if args.spark_connect:
+        from .. import connect_server
+
+        was = connect_server.status()["state"]
+        server = connect_server.start()
+        env["MJOIN_SPARK_REMOTE"] = server["url"]
+        print(f"Spark Connect server {server['url']} (pid {server['pid']}, log {server['log']}): "
+              "collect_statistics runs in its session")
+        if was == "running":
+            server = None  # someone else's: leave it running
     try:
         airflow_cmd(["standalone"], env, check=False)
     except KeyboardInterrupt:
         pass
+    finally:
+        if server is not None:
+            from .. import connect_server
+
+            connect_server.stop()
     return 0

@@ -75,7 +75,7 @@ def run(args) -> int:
     from ..lake import Lake
     from ..query import load_query
     from ..sketch import SketchConfig
-    from ..sparkutil import get_spark
+    from ..sparkutil import SparkConnectUnavailable, get_spark
     from ..stats.job import StatsConfig, run_statistics
     from ..timeutil import parse_duration, parse_time
 
@@ -93,7 +93,10 @@ def run(args) -> int:
     config = StatsConfig(mode=args.mode, partitioning=rule, histogram_buckets=args.histogram_buckets,
                          prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None,
                          method=args.method)
-    spark = get_spark("mjoin-stats")
+    try:
+        spark = get_spark("mjoin-stats", allow_remote=True)  # MJOIN_SPARK_REMOTE: a warm Connect session
+    except SparkConnectUnavailable as exc:
+        raise UserError(str(exc)) from None
     run_ = run_statistics(spark, query, lake, start, end, cycle, out=args.out, config=config)
     s = run_.summary
     if args.json:

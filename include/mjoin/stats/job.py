@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..partition import num_groups, rule_problems
+from ..sparkutil import session_info
 from ..statistics import Statistics, StatisticsError
 from ..timeutil import iso, to_epoch
 from . import exact, history
@@ -133,6 +134,7 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     if sketch_info:
         run.summary["sketch"] = sketch_info
     run.summary["wall_seconds"] = {"compute": time.perf_counter() - t_start, **timings}
+    run.summary["spark"] = session_info(spark)
     return run
 
 
