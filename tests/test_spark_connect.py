@@ -60,7 +60,8 @@ def data(tmp_path_factory):
 
 def _mjoin(args: list[str], **env) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(PROJECT / "include"), **env)
-    return subprocess.run([sys.executable, "-m", "mjoin", *args], capture_output=True, text=True, env=full, cwd=PROJECT)
+    return subprocess.run([sys.executable, "-m", "mjoin", *args], capture_output=True, text=True, env=full, cwd=PROJECT,
+                          timeout=300)
 
 
 def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -110,6 +111,34 @@ def test_status_restart_and_a_server_that_does_not_answer(server, data):
     proc = _mjoin(["stats", "--query", str(spec), "--lake", lake.root, "--from", str(T0), "--to", str(T0 + TAU),
                    "--cycle", str(TAU), "--plan", "none"], MJOIN_SPARK_REMOTE=f"sc://localhost:{_free_port()}")
     assert proc.returncode == 2 and "does not answer" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_processes_share_one_session_and_skip_a_closed_one(server):
+    """Every process of a job kind joins the same server session (its Python workers stay warm); a session
+    the server closed is skipped for the next stable id."""
+    code = f"""
+from mjoin.resources import Resources
+from mjoin.sparkutil import connect_session, session_url
+r = Resources(spark_remote={server['url']!r}, shuffle_partitions=4)
+a = connect_session(r, name="closing")
+assert a._mjoin_session_url == session_url(r.spark_remote, "closing", 0)
+assert a.range(3).count() == 3
+a.stop()  # releases the session: the server refuses its id from now on
+b = connect_session(r, name="closing")
+assert b._mjoin_session_url == session_url(r.spark_remote, "closing", 1), b._mjoin_session_url
+assert b.range(5).count() == 5
+assert b.conf.get("spark.sql.shuffle.partitions") == "4"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(PROJECT / "include")))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    from mjoin.sparkutil import session_url
+
+    url = "sc://h:1"
+    assert session_url(url, "x") == session_url(url, "x") != session_url(url, "y")
+    assert session_url(url, "x").startswith("sc://h:1/;session_id=")
+    assert session_url("sc://h:1/;session_id=abc", "x") == "sc://h:1/;session_id=abc"  # the user's own id wins
 
 
 def test_resources_reject_a_remote_that_is_not_spark_connect():

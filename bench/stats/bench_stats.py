@@ -31,6 +31,10 @@ Two situations:
 - **cold** (what the DAG pays: each task is a fresh ``spark-submit``): ``python -m mjoin run`` and
   ``python -m mjoin stats`` as subprocesses, wall time of the whole process (interpreter, JVM start,
   Python workers) and the time each reports for itself;
+- **connect** (what a DAG run pays with ``MJOIN_SPARK_REMOTE`` set): ``python -m mjoin stats`` as a fresh
+  Python process (no JVM of its own) against a Spark Connect server started once by this script
+  (``mjoin.connect_server``, local[2], 4 shuffle partitions, like the warm session), ``--rounds``
+  rounds, the first discarded (the server's first job starts its Python workers), medians reported;
 - **warm** (a long-lived session): all runs in one SparkSession, ``--rounds`` rounds in a fresh
   random order each, the first round discarded (JVM and Python workers warm up), medians reported.
 
@@ -133,9 +137,9 @@ def _load() -> list:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _cli(args: list[str]) -> dict:
+def _cli(args: list[str], extra_env: dict | None = None) -> dict:
     """Run ``python -m mjoin ARGS --json`` in a fresh process; its wall time and its own summary."""
-    env = dict(os.environ, PYTHONPATH=str(PROJECT / "include"))
+    env = dict(os.environ, PYTHONPATH=str(PROJECT / "include"), **(extra_env or {}))
     load = _load()
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mjoin", *args, "--json"], capture_output=True, text=True, env=env,
@@ -159,6 +163,24 @@ def cold(lake, work: Path, start: int, end: int) -> dict:
         "stats_pass": {"process_seconds": st["process_seconds"], "wall_seconds": st["summary"]["wall_seconds"]["total"],
                        "phases": st["summary"]["wall_seconds"], "load_average": st["load_average"]},
     }
+
+
+def connect_runs(url: str, lake, work: Path, start: int, end: int, rounds: int) -> dict:
+    """``python -m mjoin stats`` in fresh processes against the Spark Connect server ``url`` (a DAG run's cost)."""
+    runs = []
+    for r in range(rounds):
+        args = ["stats", "--query", QUERY, "--lake", lake.root, "--from", str(start), "--to", str(end), "--cycle",
+                str(STATS_CYCLE), "--out", str(work / f"connect-{r}"), "--plan", "none"]
+        rec = _cli(args, {"MJOIN_SPARK_REMOTE": url, "MJOIN_SHUFFLE_PARTITIONS": "4"})
+        s = rec["summary"]
+        assert s["spark"]["session"] == "connect", s["spark"]
+        runs.append({"round": r, "process_seconds": rec["process_seconds"], "wall_seconds": s["wall_seconds"]["total"],
+                     "phases": s["wall_seconds"], "load_average": rec["load_average"]})
+        print(f"  round {r} stats over Spark Connect: process {rec['process_seconds']:.2f}s, "
+              f"self-reported {s['wall_seconds']['total']:.2f}s", flush=True)
+    measured = runs[1:] or runs
+    return {"runs": runs, "median_process_seconds": statistics.median(x["process_seconds"] for x in measured),
+            "median_wall_seconds": statistics.median(x["wall_seconds"] for x in measured)}
 
 
 def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kinds: list[str], seed: int) -> dict:
@@ -214,6 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="0.1,1", help="TPC-DS scale factors (default 0.1,1)")
     ap.add_argument("--rounds", type=int, default=3, help="warm rounds; the first is discarded (default 3)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold (fresh process) runs")
+    ap.add_argument("--no-connect", action="store_true", help="skip the runs over a Spark Connect server")
     ap.add_argument("--no-sketch", action="store_true", help="skip sketch mode in the warm rounds")
     ap.add_argument("--no-streaming", action="store_true",
                     help="skip the engine as the continuous job runs it (one Spark job per 10-s micro-batch)")
@@ -242,6 +265,15 @@ def main(argv=None) -> int:
                                                           "defaults (local[*], 2 x cores shuffle partitions)"},
            "goal": "statistics <= 5% of the engine's time on the same interval", "sizes": {}}
     spark = None
+    server = None
+    if not args.no_connect:
+        from mjoin import connect_server
+        from mjoin.resources import Resources
+
+        server_dir = Path(tempfile.mkdtemp(prefix="mjoin-bench-connect-"))
+        server = connect_server.start(server_dir, 15002 + os.getpid() % 1000,
+                                      Resources(spark_master="local[2]", shuffle_partitions=4), driver_memory="4g")
+        print(f"Spark Connect server {server['url']} (pid {server['pid']})", flush=True)
     for sf in [float(x) for x in args.sizes.split(",")]:
         rate = RATES.get(sf, 500.0 * sf)
         work = Path(tempfile.mkdtemp(prefix=f"mjoin-bench-stats-{sf}-"))
@@ -259,6 +291,8 @@ def main(argv=None) -> int:
                                       "self_reported": c["stats_pass"]["wall_seconds"] / c["engine"]["wall_seconds"]}
             print(f"  cold: engine {c['engine']['process_seconds']:.1f}s, stats {c['stats_pass']['process_seconds']:.1f}s",
                   flush=True)
+        if server is not None:
+            size["connect"] = connect_runs(server["url"], lake, work, start, end, max(2, args.rounds))
         if spark is None:
             spark = spark_session()
         size["warm"] = warm(spark, query, lake, work, start, end, args.rounds, kinds, args.seed)
@@ -267,12 +301,21 @@ def main(argv=None) -> int:
         size["warm"]["stats_over_engine"] = {k: med[k] / med["engine"] for k in stats_kinds}
         if "engine_streaming" in med:
             size["warm"]["stats_over_engine_streaming"] = {k: med[k] / med["engine_streaming"] for k in stats_kinds}
+        if "connect" in size:
+            c = size["connect"]
+            c["stats_over_engine"] = {"process": c["median_process_seconds"] / med["engine"],
+                                      "self_reported": c["median_wall_seconds"] / med["engine"]}
+            if "engine_streaming" in med:
+                c["stats_over_engine_streaming"] = {"process": c["median_process_seconds"] / med["engine_streaming"],
+                                                    "self_reported": c["median_wall_seconds"] / med["engine_streaming"]}
         size["warm"]["stats_over_engine_batches"] = {k: v / size["warm"]["median_engine_batch_seconds"]
                                                      for k, v in med.items() if k.startswith("stats_")}
         if args.band_join:
             size["band_join_seconds"] = band_join_seconds(spark, query, lake, start, end)
         doc["sizes"][str(sf)] = size
         print(f"  warm medians: {json.dumps({k: round(v, 2) for k, v in med.items()})}", flush=True)
+    if server is not None:
+        connect_server.stop(server_dir)
     doc["load_average_end"] = _load()
     name = "cost-quick" if args.quick else "cost"
     write_json(Path(args.out) / f"{name}.json", doc)
@@ -310,9 +353,19 @@ def _plot(doc, path):
                        color="k", zorder=3, label="cold: whole process")
             ax.scatter(xs, [c["engine"]["wall_seconds"], c["stats_pass"]["wall_seconds"]], marker="x",
                        color="k", zorder=3, label="cold: self-reported")
+        if "connect" in size:
+            c = size["connect"]
+            x = len(labels)
+            ax.bar([x], [c["median_process_seconds"]], color="C5", alpha=0.85)
+            ax.text(x, c["median_process_seconds"], f"{c['median_process_seconds']:.1f}", ha="center", va="bottom",
+                    fontsize=8)
+            ax.set_xticks(list(range(len(labels) + 1)), labels + ["stats over\nConnect\n(DAG run)"])
         ratio = size["warm"]["stats_over_engine"]["stats_pass"]
         streaming = size["warm"].get("stats_over_engine_streaming", {}).get("stats_pass")
         extra = f", / streaming engine = {streaming:.1%}" if streaming is not None else ""
+        if "connect" in size and "stats_over_engine_streaming" in size["connect"]:
+            extra += f"\nDAG run over Spark Connect / streaming engine = " \
+                     f"{size['connect']['stats_over_engine_streaming']['process']:.1%}"
         ax.set_title(f"TPC-DS sf {size['sf']:g}, {size['interval_seconds']} s interval, "
                      f"{sum(size['landed_rows'].values())} rows\nstats (pass) / engine interval run = {ratio:.0%} warm"
                      f"{extra}", fontsize=9)

@@ -99,6 +99,9 @@ def start(folder=DEFAULT_DIR, port: int = DEFAULT_PORT, resources: Resources | N
     conf["spark.sql.shuffle.partitions"] = str(resources.shuffle_partitions)
     conf["spark.ui.enabled"] = os.environ.get("MJOIN_SPARK_UI", "false")
     conf["spark.connect.grpc.binding.port"] = str(port)
+    # the jobs of a kind share one session (warm Python workers, mjoin.sparkutil.session_url): keep it
+    # between DAG runs hours apart (default 60 min idle)
+    conf["spark.connect.session.manager.defaultSessionTimeout"] = "7d"
     conf.update(resources.spark_conf)
     cmd = [_spark_submit(), "--master", resources.spark_master, "--name", "mjoin-spark-connect", "--class", CLASS]
     for k, v in conf.items():

@@ -35,7 +35,7 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
 
     resources = resources or Resources.from_env()
     if allow_remote and resources.spark_remote and not os.environ.get("SPARK_SUBMIT_ARGS_SET_MASTER"):
-        return connect_session(resources, conf)
+        return connect_session(resources, conf, name=app_name)
     # Python workers must run the same interpreter (and venv) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -87,11 +87,40 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
         return f"{host}:{port}: {exc}"
 
 
-def connect_session(resources: Resources, conf: dict | None = None):
+#: how many stable session ids a job kind tries before it gives up (each expired one is skipped)
+SESSION_GENERATIONS = 32
+
+
+def session_url(remote: str, name: str, generation: int = 0) -> str:
+    """``remote`` with a stable ``session_id`` for job kind ``name`` (unless it names one): every process of
+    that kind joins the same server session, whose Python workers are already running (a new session
+    starts its own: ~1.5 s per run, more than the statistics of a 15-minute interval at sf 0.1)."""
+    import uuid
+
+    if "session_id=" in remote:
+        return remote
+    sid = uuid.uuid5(uuid.NAMESPACE_URL, f"mjoin/{name}/{generation}")
+    sep = "" if ";" in remote or remote.endswith("/") else "/"
+    return f"{remote}{sep};session_id={sid}"
+
+
+def _close_quietly(spark) -> None:
+    """Close a Connect session's channel (not the server session: the next process joins it again) and make
+    its ``__del__`` a no-op: a gRPC close left to ``__del__`` at interpreter exit can wait forever."""
+    client = spark.client
+    try:
+        client.close()
+    except Exception:
+        pass
+    client.close = lambda *args, **kwargs: None
+
+
+def connect_session(resources: Resources, conf: dict | None = None, name: str = "mjoin"):
     """A session of the Spark Connect server ``resources.spark_remote``, with the runtime SQL settings of
     :data:`BASE_CONF` (the server's static settings are its own: ``python -m mjoin spark-connect start``).
-    Fails at once with :class:`SparkConnectUnavailable` if the server does not answer (the client itself
-    would retry for minutes)."""
+    Processes of the same ``name`` share one server session (:func:`session_url`); one the server has
+    closed or expired is skipped for the next stable id. Fails at once with
+    :class:`SparkConnectUnavailable` if the server does not answer (the client itself would retry for minutes)."""
     # (a process holds either an in-process session or Connect sessions: pyspark.sql.functions builds the
     # columns of one kind per process, so the two cannot be mixed)
     from pyspark.sql import SparkSession
@@ -101,14 +130,32 @@ def connect_session(resources: Resources, conf: dict | None = None):
         raise SparkConnectUnavailable(
             f"MJOIN_SPARK_REMOTE={resources.spark_remote} does not answer ({why}); start a server with "
             "`python -m mjoin spark-connect start` or unset MJOIN_SPARK_REMOTE to run Spark in-process")
-    spark = SparkSession.builder.remote(resources.spark_remote).getOrCreate()
-    spark._mjoin_remote = resources.spark_remote
     settings = {k: v for k, v in BASE_CONF.items() if k.startswith("spark.sql.")}
     settings["spark.sql.shuffle.partitions"] = str(resources.shuffle_partitions)
     settings.update({k: v for k, v in {**resources.spark_conf, **(conf or {})}.items() if k.startswith("spark.sql.")})
-    for k, v in settings.items():
+    explicit = "session_id=" in resources.spark_remote
+    for generation in range(1 if explicit else SESSION_GENERATIONS):
+        url = session_url(resources.spark_remote, name, generation)
+        spark = SparkSession.builder.remote(url).create()
         try:
-            spark.conf.set(k, v)
-        except Exception:  # a static setting: the server's own value stands
-            pass
-    return spark
+            spark.conf.set("spark.sql.shuffle.partitions", settings["spark.sql.shuffle.partitions"])
+        except Exception as exc:  # the first call: a closed or expired session id is refused here
+            if "SESSION_CLOSED" in str(exc) and not explicit:
+                _close_quietly(spark)
+                continue
+            raise
+        for k, v in settings.items():
+            try:
+                spark.conf.set(k, v)
+            except Exception:  # a static setting: the server's own value stands
+                pass
+        spark._mjoin_remote = resources.spark_remote
+        spark._mjoin_session_url = url
+        if generation:  # a refused attempt became the default session when it was created: this one is
+            type(spark)._set_default_and_active_session(spark)
+        import atexit
+
+        atexit.register(_close_quietly, spark)  # at exit, before gRPC's teardown (a close left to __del__ can hang)
+        return spark
+    raise SparkConnectUnavailable(f"the server {resources.spark_remote} refused {SESSION_GENERATIONS} session ids "
+                                  f"of {name!r} as closed; restart it or put a session_id in MJOIN_SPARK_REMOTE")
