@@ -215,9 +215,11 @@ def test_calibrate_from_real_engine_metrics(spark, tmp_path):
     from mjoin.query import load_query
     from mjoin.workloads import generate_synthetic
 
-    # ~100 tuples/s per stream over 20000 keys: thousands of lookups per step, few results
+    # ~100 tuples/s per stream over 5000 keys: thousands of lookups per step and more matches than lookups,
+    # so that alpha_m is identified (over 20000 keys matches were ~30% of the lookups and a run under load
+    # fitted alpha_m = 0)
     root = tmp_path / "w"
-    generate_synthetic(root, streams=4, duration="3m", rate=100, domain=20000, window="1m", cycle="30s", seed=2)
+    generate_synthetic(root, streams=4, duration="3m", rate=100, domain=5000, window="1m", cycle="30s", seed=2)
     q = load_query(str(root / "query.yaml"))
     perms = [["s0", "s1", "s2", "s3"], ["s3", "s2", "s1", "s0"], ["s1", "s3", "s0", "s2"], ["s2", "s0", "s3", "s1"]]
     plans = {"".join(p): make_plan(q, orders_from_permutation(q, p), "fixed") for p in perms}
