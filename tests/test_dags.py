@@ -103,13 +103,8 @@ def connect(tmp_path_factory):
     from mjoin import connect_server
     from mjoin.resources import Resources
 
-    import socket
-
     folder = tmp_path_factory.mktemp("connect")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    info = connect_server.start(folder, port, Resources(spark_master="local[2]", shuffle_partitions=4),
+    info = connect_server.start(folder, 0, Resources(spark_master="local[2]", shuffle_partitions=4),
                                 driver_memory="1g")
     yield info
     connect_server.stop(folder)

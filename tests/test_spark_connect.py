@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,19 +24,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 PROJECT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from mjoin import connect_server
 
     folder = tmp_path_factory.mktemp("connect")
     res = Resources(spark_master="local[2]", shuffle_partitions=4)
-    info = connect_server.start(folder, _free_port(), res, driver_memory="1g")
+    info = connect_server.start(folder, 0, res, driver_memory="1g")
     yield {**info, "dir": folder}
     before = connect_server.stop(folder)
     assert before["state"] == "running"
@@ -104,12 +97,13 @@ def test_status_restart_and_a_server_that_does_not_answer(server, data):
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "running"
     # a second start on the same folder returns the running server; on another port it is refused
     assert connect_server.start(server["dir"], server["port"])["pid"] == server["pid"]
+    assert connect_server.start(server["dir"], 0)["pid"] == server["pid"]  # any port: the running one
     with pytest.raises(connect_server.ConnectServerError, match="already runs"):
         connect_server.start(server["dir"], server["port"] + 1)
     # nothing listens there: exit 2 with one clear line at once (the client alone would retry for minutes)
     q, lake, spec = data
     proc = _mjoin(["stats", "--query", str(spec), "--lake", lake.root, "--from", str(T0), "--to", str(T0 + TAU),
-                   "--cycle", str(TAU), "--plan", "none"], MJOIN_SPARK_REMOTE=f"sc://localhost:{_free_port()}")
+                   "--cycle", str(TAU), "--plan", "none"], MJOIN_SPARK_REMOTE=f"sc://localhost:{connect_server.free_port()}")
     assert proc.returncode == 2 and "does not answer" in proc.stderr and "Traceback" not in proc.stderr
 
 

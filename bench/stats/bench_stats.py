@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         from mjoin.resources import Resources
 
         server_dir = Path(tempfile.mkdtemp(prefix="mjoin-bench-connect-"))
-        server = connect_server.start(server_dir, 15002 + os.getpid() % 1000,
+        server = connect_server.start(server_dir, 0,
                                       Resources(spark_master="local[2]", shuffle_partitions=4), driver_memory="4g")
         print(f"Spark Connect server {server['url']} (pid {server['pid']})", flush=True)
     for sf in [float(x) for x in args.sizes.split(",")]:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .resources import PROJECT_DIR, Resources
-from .sparkutil import BASE_CONF
+from .sparkutil import BASE_CONF, tcp_problem
 
 CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
@@ -54,16 +54,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
+def _port_open(port: int) -> bool:
+    return tcp_problem("127.0.0.1", port, timeout=1.0) is None
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def status(folder=DEFAULT_DIR) -> dict:
-    """``{"state": "running" | "stopped" | "dead", "pid", "port", "url", "log"}`` of the server in ``folder``."""
+    """``{"state": "running" | "starting" | "stopped" | "dead", "pid", "port", "url", "log"}`` of the server in ``folder``."""
     path = _state_file(folder)
     if not path.exists():
         return {"state": "stopped"}
@@ -81,14 +84,16 @@ def _spark_submit() -> str:
 
 def start(folder=DEFAULT_DIR, port: int = DEFAULT_PORT, resources: Resources | None = None,
           driver_memory: str = "4g", timeout: float = 180.0) -> dict:
-    """Start a server (or return the running one) and wait until it accepts connections."""
+    """Start a server (or return the running one) and wait until it accepts connections. ``port=0``: any
+    free port (the running server's, if there is one)."""
     folder = Path(folder)
     cur = status(folder)
     if cur["state"] in ("running", "starting"):
-        if int(cur["port"]) != int(port):
+        if port and int(cur["port"]) != int(port):
             raise ConnectServerError(f"a server already runs from {folder} on port {cur['port']} (pid {cur['pid']}); "
                                      "stop it first")
         return _wait(folder, cur, timeout)
+    port = int(port) or free_port()
     if _port_open(port):
         raise ConnectServerError(f"port {port} is already taken by another process; choose another with --port")
     resources = resources or Resources.from_env()

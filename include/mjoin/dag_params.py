@@ -74,6 +74,6 @@ def spark_env() -> dict:
 def spark_remote() -> str:
     """``MJOIN_SPARK_REMOTE`` (a Spark Connect URL) or ""; set, the DAGs run the statistics step in
     that server's warm session instead of a fresh spark-submit (mjoin.resources)."""
-    from .resources import Resources
+    from .resources import spark_remote_from_env
 
-    return Resources.from_env().spark_remote
+    return spark_remote_from_env()

@@ -35,6 +35,15 @@ def _parse_conf(text: str) -> dict:
     return out
 
 
+def spark_remote_from_env(env=None) -> str:
+    """``MJOIN_SPARK_REMOTE`` checked (a Spark Connect URL, ``sc://host:port``), or ""."""
+    env = os.environ if env is None else env
+    remote = env.get("MJOIN_SPARK_REMOTE", "").strip()
+    if remote and not remote.startswith("sc://"):
+        raise ValueError(f"MJOIN_SPARK_REMOTE={remote!r}: expected a Spark Connect URL, sc://host:port")
+    return remote
+
+
 @dataclass(frozen=True)
 class Resources:
     profile: str = "local"
@@ -50,9 +59,7 @@ class Resources:
         profile = env.get("MJOIN_PROFILE", "local")
         if profile not in ("local", "cluster"):
             raise ValueError(f"MJOIN_PROFILE={profile!r}: use local or cluster")
-        remote = env.get("MJOIN_SPARK_REMOTE", "").strip()
-        if remote and not remote.startswith("sc://"):
-            raise ValueError(f"MJOIN_SPARK_REMOTE={remote!r}: expected a Spark Connect URL, sc://host:port")
+        remote = spark_remote_from_env(env)
         if profile == "cluster" and not env.get("MJOIN_LAKE"):
             raise ValueError("MJOIN_PROFILE=cluster needs MJOIN_LAKE (e.g. hdfs://namenode:8020/mjoin)")
         return cls(

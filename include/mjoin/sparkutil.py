@@ -73,18 +73,23 @@ def session_info(spark) -> dict:
     return {"session": "classic", "master": spark.sparkContext.master}
 
 
-def _reachable(url: str, timeout: float = 5.0) -> str | None:
-    """None if ``sc://host:port[/;params]`` accepts a TCP connection, else the reason."""
+def tcp_problem(host: str, port: int, timeout: float = 5.0) -> str | None:
+    """None if ``host:port`` accepts a TCP connection, else the reason."""
     import socket
-    from urllib.parse import urlparse
 
-    u = urlparse(url)
-    host, port = u.hostname or "localhost", u.port or 15002
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
     except OSError as exc:
         return f"{host}:{port}: {exc}"
+
+
+def _reachable(url: str) -> str | None:
+    """None if the Spark Connect server ``sc://host:port[/;params]`` accepts a TCP connection, else the reason."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    return tcp_problem(u.hostname or "localhost", u.port or 15002)
 
 
 #: how many stable session ids a job kind tries before it gives up (each expired one is skipped)
