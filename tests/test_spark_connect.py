@@ -61,18 +61,27 @@ def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.sort_values(keys, na_position="first").reset_index(drop=True)
 
 
-@pytest.mark.parametrize("rule, method", [({"method": "hash", "attr_class": "c0", "groups": 2}, "pass"), (None, "sql")],
-                         ids=["pass-with-groups", "sql"])
-def test_cli_over_connect_writes_the_history_in_process_spark_writes(spark, server, data, tmp_path, rule, method):
+@pytest.mark.parametrize("rule, method, driver_rows", [
+    ({"method": "hash", "attr_class": "c0", "groups": 2}, "pass", 0),
+    (None, "pass", None),
+    (None, "sql", None),
+], ids=["pass-with-groups-on-executors", "pass-on-driver", "sql"])
+def test_cli_over_connect_writes_the_history_in_process_spark_writes(spark, server, data, tmp_path, rule, method,
+                                                                      driver_rows):
+    """Over Connect (the kernel on the server's executors, or on the client after an Arrow collect) the history
+    equals in-process Spark's (the kernel on its driver: the data are small)."""
     q, lake, spec = data
     out = tmp_path / "connect"
     args = ["stats", "--query", str(spec), "--lake", lake.root, "--from", str(T0), "--to", str(T0 + N * TAU),
             "--cycle", str(TAU), "--out", str(out), "--histogram-buckets", "8", "--method", method, "--json"]
     args += ["--partitioning", json.dumps(rule)] if rule else ["--plan", "none"]
+    args += [] if driver_rows is None else ["--driver-rows", str(driver_rows)]
     proc = _mjoin(args, MJOIN_SPARK_REMOTE=server["url"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert summary["spark"] == {"session": "connect", "remote": server["url"]}
+    if method == "pass":
+        assert summary["kernel"]["where"] == ("executors" if driver_rows == 0 else "driver")
     want = run_statistics(spark, q, lake, T0, T0 + N * TAU, TAU, out=str(tmp_path / "local"),
                           config=StatsConfig(histogram_buckets=8, partitioning=rule, method=method))
     assert want.summary["spark"]["session"] == "classic"

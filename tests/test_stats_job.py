@@ -89,6 +89,44 @@ def test_sql_method_gives_the_same_statistics(spark, dataset, exact_run):
     assert "one_pass" in exact_run.summary["wall_seconds"] and "edges" in run.summary["wall_seconds"]
 
 
+def _same_run(a, b):
+    """Two runs hold the same rows, histogram and per-cycle meta (all but when they ran)."""
+    pd.testing.assert_frame_equal(a.rows, b.rows)
+    key = ["cycle_start", "stream", "attr_class", "bucket"]
+    pd.testing.assert_frame_equal(a.histogram.sort_values(key).reset_index(drop=True),
+                                  b.histogram.sort_values(key).reset_index(drop=True))
+
+    def without_run(meta):
+        return {e: {k: v for k, v in m.items() if k != "run"} for e, m in meta.items()}
+
+    assert without_run(a.cycle_meta) == without_run(b.cycle_meta)
+
+
+@pytest.mark.parametrize("rule", [None, {"method": "hash", "attr_class": "c0", "groups": 3}])
+def test_kernel_on_executors_equals_kernel_on_driver(spark, dataset, exact_run, rule):
+    """Small intervals run the kernel on the driver (no shuffle); ``driver_rows=0`` forces the executors'
+    per-partition pass: the same statistics either way, and the summary says which ran."""
+    q, lake, data = dataset
+    on_driver = exact_run if rule is None else compute_statistics(
+        spark, q, lake, T0, T0 + N * TAU, TAU, StatsConfig(histogram_buckets=8, partitioning=rule))
+    on_executors = compute_statistics(spark, q, lake, T0, T0 + N * TAU, TAU,
+                                      StatsConfig(histogram_buckets=8, partitioning=rule, driver_rows=0))
+    assert on_driver.summary["kernel"]["where"] == "driver"
+    assert on_executors.summary["kernel"]["where"] == "executors"
+    _same_run(on_driver, on_executors)
+    # the bound is the rows of the files read (footers), at least every row the job counted
+    bound = on_driver.summary["kernel"]["rows_bound"]
+    assert bound == sum(st["rows_in_files"] for st in on_driver.summary["streams"].values())
+    assert sum(st["rows_read"] for st in on_driver.summary["streams"].values()) <= bound
+    assert bound <= sum(len(df) for df in data.values())  # pruned arrivals are not counted (one class per stream)
+    # one row over the limit and the executors run it
+    just_over = compute_statistics(spark, q, lake, T0, T0 + N * TAU, TAU,
+                                   StatsConfig(histogram_buckets=8, partitioning=rule, driver_rows=bound - 1))
+    assert just_over.summary["kernel"]["where"] == "executors"
+    with pytest.raises(StatsJobError, match="driver rows"):
+        compute_statistics(spark, q, lake, T0, T0 + TAU, TAU, StatsConfig(driver_rows=-1))
+
+
 def test_complete_rows_for_empty_cycle_and_stream_without_data(dataset, exact_run):
     q, _, _ = dataset
     rows = exact_run.rows
@@ -195,6 +233,9 @@ def test_two_attribute_classes(spark, two_class_query, tmp_path):
     state = cu[(cu.ts > e - 300) & (cu.ts <= e)]
     assert meta["kappa_by_class"]["cu"]["c1"]["0"] == state["c_current_addr_sk"].nunique()
     assert run.snapshot(T0).kappa("cu") == state["c_customer_sk"].nunique()
+    # cu's rows are routed once per class: the same on the executors' per-partition pass
+    assert run.summary["kernel"]["where"] == "driver"
+    _same_run(run, compute_statistics(spark, q, lake, T0, T0 + n * tau, tau, StatsConfig(driver_rows=0)))
 
 
 def test_history_is_replaced_not_duplicated(spark, dataset, tmp_path):

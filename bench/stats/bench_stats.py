@@ -19,8 +19,11 @@ Measured on that interval, for each size:
   Spark job per 10-s micro-batch (``pipelined=False``, the streaming job's per-batch path; 10 s is
   ``mjoin_join_job``'s default trigger);
 - **stats**: ``mjoin.stats.job.run_statistics`` with 10 s cycles (the DAG's default tau), exact
-  mode with ``method="pass"`` (one Spark job) and ``method="sql"`` (one Spark SQL aggregation per
-  statistic, the previous implementation), and sketch mode; wall time including the history write;
+  mode with ``method="pass"`` (one Spark job; ``stats_pass``: the default, which at these sizes
+  collects the narrow rows and runs the kernel on the driver; ``stats_pass_executors``:
+  ``driver_rows=0``, the kernel in Spark tasks after a shuffle by key) and ``method="sql"`` (one
+  Spark SQL aggregation per statistic, the previous implementation), and sketch mode; wall time
+  including the history write;
 - **stats_marginal**: what exact statistics would add to a run that has already read the interval and
   routed it by key, as the engine's interval run does (the kernel job over a cached routed frame,
   assembly, history write; the read and route are not timed): the cost if the pass ran inside the
@@ -161,7 +164,8 @@ def cold(lake, work: Path, start: int, end: int) -> dict:
                    "batch_seconds": eng["summary"]["batch_seconds"], "result_rows": eng["summary"]["result_rows"],
                    "load_average": eng["load_average"]},
         "stats_pass": {"process_seconds": st["process_seconds"], "wall_seconds": st["summary"]["wall_seconds"]["total"],
-                       "phases": st["summary"]["wall_seconds"], "load_average": st["load_average"]},
+                       "phases": st["summary"]["wall_seconds"], "load_average": st["load_average"],
+                       "kernel": st["summary"].get("kernel")},
     }
 
 
@@ -175,7 +179,7 @@ def connect_runs(url: str, lake, work: Path, start: int, end: int, rounds: int) 
         s = rec["summary"]
         assert s["spark"]["session"] == "connect", s["spark"]
         runs.append({"round": r, "process_seconds": rec["process_seconds"], "wall_seconds": s["wall_seconds"]["total"],
-                     "phases": s["wall_seconds"], "load_average": rec["load_average"]})
+                     "phases": s["wall_seconds"], "load_average": rec["load_average"], "kernel": s.get("kernel")})
         print(f"  round {r} stats over Spark Connect: process {rec['process_seconds']:.2f}s, "
               f"self-reported {s['wall_seconds']['total']:.2f}s", flush=True)
     measured = runs[1:] or runs
@@ -206,13 +210,16 @@ def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kind
             rec = stats_marginal(spark, query, lake, start, end, str(work / f"{kind}-{r}"))
             rec["load_average"] = load
             return rec
-        cfg = (StatsConfig(mode="sketch", sketch=SketchConfig()) if kind == "stats_sketch"
-               else StatsConfig(method=kind.split("_")[1]))
+        cfg = {"stats_pass": StatsConfig(method="pass"),  # the default: the kernel on the driver at these sizes
+               "stats_pass_executors": StatsConfig(method="pass", driver_rows=0),  # the kernel in Spark tasks
+               "stats_sql": StatsConfig(method="sql"),
+               "stats_sketch": StatsConfig(mode="sketch", sketch=SketchConfig())}[kind]
         run = run_statistics(spark, query, lake, start, end, STATS_CYCLE, out=str(work / f"{kind}-{r}"), config=cfg)
         s = run.summary
         return {"wall_seconds": time.perf_counter() - t, "phases": s["wall_seconds"], "cycles": s["cycles"],
                 "tuples": sum(v["tuples"] for v in s["streams"].values()),
-                "rows_read": sum(v["rows_read"] for v in s["streams"].values()), "load_average": load}
+                "rows_read": sum(v["rows_read"] for v in s["streams"].values()), "load_average": load,
+                "kernel": s.get("kernel")}
 
     rng = random.Random(seed)
     runs = []
@@ -256,7 +263,7 @@ def main(argv=None) -> int:
     from mjoin.query import load_query
 
     query = load_query(QUERY)
-    kinds = (["engine"] + ([] if args.no_streaming else ["engine_streaming"]) + ["stats_pass", "stats_marginal", "stats_sql"]
+    kinds = (["engine"] + ([] if args.no_streaming else ["engine_streaming"]) + ["stats_pass", "stats_pass_executors", "stats_marginal", "stats_sql"]
              + ([] if args.no_sketch else ["stats_sketch"]))
     doc = {"benchmark": "stats-cost", "machine": machine_info(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
            "parameters": {"query": QUERY, "workload": "tpcds replay, 20 minutes", "engine_cycle": ENGINE_CYCLE,
@@ -339,7 +346,7 @@ def _plot(doc, path):
                   + [k.replace("stats_", "stats\n") for k in stats_kinds])
         vals = ([med["engine"], size["warm"]["median_engine_batch_seconds"]] + [med[k] for k in eng[1:]]
                 + [med[k] for k in stats_kinds])
-        colors = ["C2"] * (len(eng) + 1) + ["C0", "C9", "C1", "C4"][:len(stats_kinds)]
+        colors = ["C2"] * (len(eng) + 1) + ["C0", "C6", "C9", "C1", "C4"][:len(stats_kinds)]
         bars = ax.bar(labels, vals, color=colors, alpha=0.85, label="warm (median)")
         for b, v in zip(bars, vals):
             ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)

@@ -18,7 +18,7 @@ Exit 2 for bad arguments (interval not a whole number of cycles, unknown query, 
 
 
 def add_arguments(p):
-    from ..stats.job import METHODS, MODES
+    from ..stats.job import METHODS, MODES, StatsConfig
 
     p.add_argument("--query", required=True, help="query spec path or name")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
@@ -31,6 +31,10 @@ def add_arguments(p):
     p.add_argument("--method", choices=METHODS, default="pass",
                    help="exact mode: pass (default: one Spark job, a numpy pass per key partition) or sql "
                         "(one Spark SQL aggregation per statistic; slower, the reference)")
+    p.add_argument("--driver-rows", type=int, default=StatsConfig.driver_rows, metavar="N",
+                   help="exact pass: when the interval's files hold at most N rows (per attribute class), collect "
+                        "them and run the kernel on the driver, skipping the shuffle (default %(default)s; "
+                        "0: always on the executors)")
     p.add_argument("--plan", default="active", metavar="PLAN",
                    help="take the key groups from this plan: a plan file, 'active' (the registry's ACTIVE "
                         "plan if there is one; default) or 'none' (one group)")
@@ -92,7 +96,7 @@ def run(args) -> int:
     rule, rule_from = _partitioning(args, query, lake)
     config = StatsConfig(mode=args.mode, partitioning=rule, histogram_buckets=args.histogram_buckets,
                          prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None,
-                         method=args.method)
+                         method=args.method, driver_rows=args.driver_rows)
     try:
         spark = get_spark("mjoin-stats", allow_remote=True)  # MJOIN_SPARK_REMOTE: a warm Connect session
     except SparkConnectUnavailable as exc:

@@ -15,7 +15,11 @@ Two implementations, the same numbers (tests compare both with pandas/DuckDB):
   stream's rows are read once (only the needed columns), routed once per attribute class
   of the stream to a partition by key (one shuffle), and each partition computes every
   per-cycle partial count in numpy (:mod:`mjoin.stats.kernel`, like the engine's operator);
-  the partials are summed on the driver after a single collect.
+  the partials are summed on the driver after a single collect. When the interval is small
+  (``StatsConfig.driver_rows``, judged from the files' Parquet footers before reading), the
+  narrow rows are collected as Arrow instead and the same kernel runs once on the driver over
+  all of them: no shuffle and no Python worker round trip, which at these sizes is most of
+  the job (a whole interval holds every key's rows, so the kernel's one precondition holds).
 - ``method = "sql"``: plain Spark SQL over the cached rows, one aggregation per statistic
   (five or more Spark jobs; sketch mode reuses its counts, window_tuples and histogram):
 
@@ -46,10 +50,13 @@ def _pdf(df) -> pd.DataFrame:
 
 
 def one_pass(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int]],
-             class_members: dict[int, list[int]], buckets: int, partitions: int) -> dict:
+             class_members: dict[int, list[int]], buckets: int, partitions: int, *, on_driver: bool = False) -> dict:
     """Every exact statistic of the interval in one Spark job (see the module doc); the frames of
-    :func:`mjoin.stats.kernel.reduce_partials`, plus ``seconds`` (Spark job, reduce) and ``partial_rows``."""
+    :func:`mjoin.stats.kernel.reduce_partials`, plus ``seconds`` (Spark job, reduce) and ``partial_rows``.
+    ``on_driver``: collect the routed rows and run the kernel once on the driver (small intervals)."""
     params = kernel_params(grid, windows_us, stream_classes, class_members, buckets)
+    if on_driver:
+        return run_on_driver(route(base, stream_classes, buckets, None), params)
     return run_partials(route(base, stream_classes, buckets, partitions), params)
 
 
@@ -61,10 +68,11 @@ def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets
                          tuple(tuple(class_members[ci]) for ci in range(len(class_members))), int(buckets))
 
 
-def route(base, stream_classes: list[list[int]], buckets: int, partitions: int):
+def route(base, stream_classes: list[list[int]], buckets: int, partitions: int | None):
     """``(ci, sid, t, g, key)``: every row once per attribute class of its stream (from the same scan),
-    repartitioned by key (by histogram bucket when there are at least 256 buckets, so that every
-    histogram cell is in one partition; NULL keys spread by time)."""
+    repartitioned by key into ``partitions`` (by histogram bucket when there are at least 256 buckets,
+    so that every histogram cell is in one partition; NULL keys spread by time); ``None``: not
+    repartitioned (for a collect)."""
     from pyspark.sql import functions as F
 
     nclasses = 1 + max(c for cs in stream_classes for c in cs)
@@ -75,6 +83,8 @@ def route(base, stream_classes: list[list[int]], buckets: int, partitions: int):
         member = case_sid([f"ci IN ({', '.join(map(str, cs))})" for cs in stream_classes], "false")
         routed = (base.select("sid", "t", "g", F.expr(f"stack({nclasses}, {pairs}) AS (ci, key)"))
                   .where(member).select(F.col("ci").cast("int").alias("ci"), "sid", "t", "g", "key"))
+    if partitions is None:
+        return routed
     part = f"pmod(key, {int(buckets)})" if buckets >= 256 else "key"
     return routed.repartition(int(partitions), F.col("ci"), F.expr(f"coalesce({part}, t)"))
 
@@ -93,6 +103,22 @@ def run_partials(routed, params) -> dict:
     t_job = time.perf_counter() - t
     res = kernel.reduce_partials(out, params, len(params.class_members))
     res["seconds"] = {"spark_job": t_job, "reduce": time.perf_counter() - t - t_job}
+    res["partial_rows"] = out.num_rows
+    return res
+
+
+def run_on_driver(routed, params) -> dict:
+    """The kernel once over all of ``routed``, collected as Arrow (the same outputs as :func:`run_partials`)."""
+    from . import kernel
+
+    t = time.perf_counter()
+    rows = routed.toArrow()
+    t_collect = time.perf_counter() - t
+    out = kernel.partials(rows, params)
+    t_kernel = time.perf_counter() - t - t_collect
+    res = kernel.reduce_partials(out, params, len(params.class_members))
+    res["seconds"] = {"spark_job": t_collect, "kernel": t_kernel,
+                      "reduce": time.perf_counter() - t - t_collect - t_kernel}
     res["partial_rows"] = out.num_rows
     return res
 

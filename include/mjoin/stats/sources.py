@@ -1,6 +1,6 @@
 """Read the landed streams of a query for one statistics interval (Spark).
 
-One narrow DataFrame for all streams of the query, read once and cached:
+One narrow DataFrame for all streams of the query, read once:
 
     sid  int     index of the stream in ``query.stream_names``
     t    bigint  event time, epoch microseconds (NULL: unusable event time, counted)
@@ -61,10 +61,12 @@ class StreamReport:
     rejected_files: list = field(default_factory=list)  # [{"file": path, "reason": text}]
     arrivals_scanned: int = 0
     arrivals_total: int = 0
+    rows_in_files: int = 0  # rows of the files read (their Parquet footers): a bound on the rows the job reads
 
     def to_json(self) -> dict:
         return {"source": self.source, "files": self.files, "rejected_files": self.rejected_files,
-                "arrivals_scanned": self.arrivals_scanned, "arrivals_total": self.arrivals_total}
+                "arrivals_scanned": self.arrivals_scanned, "arrivals_total": self.arrivals_total,
+                "rows_in_files": self.rows_in_files}
 
 
 def fdiv(a: str, b: int) -> str:
@@ -198,9 +200,12 @@ def _spark_type(t: pa.DataType) -> str:
     return "string"
 
 
-def _schema_of(path) -> pa.Schema:
+def _footer_of(path) -> tuple[pa.Schema, int]:
+    """A landed file's Arrow schema and row count (its Parquet footer only)."""
     fs, p = fsutil.resolve(path)
-    return pq.read_schema(p, filesystem=fs)
+    with fs.open_input_file(p) as f:
+        pf = pq.ParquetFile(f)
+        return pf.schema_arrow, pf.metadata.num_rows
 
 
 def _spark_path(path: str) -> str:
@@ -208,9 +213,7 @@ def _spark_path(path: str) -> str:
 
 
 def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arrivals: bool = True):
-    """The cached narrow DataFrame of all streams (see module doc) and a report per stream."""
-    from pyspark.sql import functions as F
-
+    """The narrow DataFrame of all streams (see module doc) and a report per stream."""
     classes = list(query.attribute_classes)
     part_class = rule["attr_class"] if rule else None
     frames, reports = [], {}
@@ -221,7 +224,7 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         by_schema: dict = {}
         for f in files:
             try:
-                schema = _schema_of(f)
+                schema, num_rows = _footer_of(f)
             except (OSError, pa.ArrowInvalid) as exc:
                 rep.rejected_files.append({"file": f, "reason": f"unreadable Parquet: {exc}"})
                 continue
@@ -231,6 +234,7 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
                 continue
             sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s))
             by_schema.setdefault(sig, []).append(f)
+            rep.rows_in_files += num_rows
         rep.files = sum(len(v) for v in by_schema.values())
         for r in rep.rejected_files:
             log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])
@@ -241,25 +245,25 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
                 # only the needed columns, with explicit types: other columns (even ones Spark cannot
                 # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
                 reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s), sig)))
-            df = reader.parquet(*[_spark_path(p) for p in paths])
-            cols = [F.lit(sid).cast("int").alias("sid"), F.expr(event_time_sql(s)).alias("t")]
-            for ci, c in enumerate(classes):
-                kc = query.key_column(s.name, c)
-                cols.append((F.col(f"`{kc}`").cast("bigint") if kc else F.lit(None).cast("bigint")).alias(f"k{ci}"))
-            df = df.select(*cols)
+            # one projection and one filter, as SQL strings: in a classic session every DataFrame call is a
+            # round trip to the JVM and an analysis, and this plan is rebuilt every run
+            keys = [f"CAST(`{kc}` AS BIGINT)" if kc else "CAST(NULL AS BIGINT)"
+                    for kc in (query.key_column(s.name, c) for c in classes)]
             if part_class is None:
-                df = df.withColumn("g", F.lit(0).cast("bigint"))
+                g = "CAST(0 AS BIGINT)"
             else:
                 # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
-                kcol = f"k{classes.index(part_class)}"
-                df = df.withColumn("g", F.expr(f"CASE WHEN {kcol} IS NULL THEN NULL "
-                                               f"ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"))
-            df = df.where(F.expr(f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"))
-            frames.append(df.select("sid", "t", "g", *[f"k{i}" for i in range(len(classes))]))
+                kcol = f"({keys[classes.index(part_class)]})"
+                g = f"CASE WHEN {kcol} IS NULL THEN NULL ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"
+            df = (reader.parquet(*[_spark_path(p) for p in paths])
+                  .selectExpr(f"CAST({sid} AS INT) AS sid", f"{event_time_sql(s)} AS t", f"{g} AS g",
+                              *[f"{k} AS k{ci}" for ci, k in enumerate(keys)])
+                  .where(f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"))
+            frames.append(df)
     if frames:
         base = frames[0]
         for f in frames[1:]:
-            base = base.unionByName(f)
+            base = base.union(f)  # the same columns in the same order
     else:
         schema = "sid int, t bigint, g bigint, " + ", ".join(f"k{i} bigint" for i in range(len(classes)))
         base = spark.createDataFrame([], schema)
