@@ -100,11 +100,7 @@ def run_partials(routed, params) -> dict:
 
     t = time.perf_counter()
     out = routed.mapInArrow(run, kernel.OUT_DDL).toArrow()
-    t_job = time.perf_counter() - t
-    res = kernel.reduce_partials(out, params, len(params.class_members))
-    res["seconds"] = {"spark_job": t_job, "reduce": time.perf_counter() - t - t_job}
-    res["partial_rows"] = out.num_rows
-    return res
+    return _summed(out, params, {"spark_job": time.perf_counter() - t})
 
 
 def run_on_driver(routed, params) -> dict:
@@ -113,12 +109,19 @@ def run_on_driver(routed, params) -> dict:
 
     t = time.perf_counter()
     rows = routed.toArrow()
-    t_collect = time.perf_counter() - t
+    t_collected = time.perf_counter()
     out = kernel.partials(rows, params)
-    t_kernel = time.perf_counter() - t - t_collect
+    return _summed(out, params, {"spark_job": t_collected - t, "kernel": time.perf_counter() - t_collected})
+
+
+def _summed(out, params, seconds: dict) -> dict:
+    """The kernel's partial counts summed (:func:`mjoin.stats.kernel.reduce_partials`), with the phases'
+    ``seconds`` (plus ``reduce``) and ``partial_rows``."""
+    from . import kernel
+
+    t = time.perf_counter()
     res = kernel.reduce_partials(out, params, len(params.class_members))
-    res["seconds"] = {"spark_job": t_collect, "kernel": t_kernel,
-                      "reduce": time.perf_counter() - t - t_collect - t_kernel}
+    res["seconds"] = {**seconds, "reduce": time.perf_counter() - t}
     res["partial_rows"] = out.num_rows
     return res
 

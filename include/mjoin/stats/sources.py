@@ -239,27 +239,26 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         for r in rep.rejected_files:
             log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])
         lo_us = grid.t0_us - int(round(s.window * US))
+        # one projection and one filter per file schema, as SQL strings: in a classic session every DataFrame
+        # call is a round trip to the JVM and an analysis, and this plan is rebuilt every run
+        keys = [f"CAST(`{kc}` AS BIGINT)" if kc else "CAST(NULL AS BIGINT)"
+                for kc in (query.key_column(s.name, c) for c in classes)]
+        if part_class is None:
+            g = "CAST(0 AS BIGINT)"
+        else:
+            # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
+            kcol = f"({keys[classes.index(part_class)]})"
+            g = f"CASE WHEN {kcol} IS NULL THEN NULL ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"
+        columns = [f"CAST({sid} AS INT) AS sid", f"{event_time_sql(s)} AS t", f"{g} AS g",
+                   *[f"{k} AS k{ci}" for ci, k in enumerate(keys)]]
+        keep = f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"
         for sig, paths in by_schema.items():
             reader = spark.read
             if s.event_time.expr is None:
                 # only the needed columns, with explicit types: other columns (even ones Spark cannot
                 # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
                 reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s), sig)))
-            # one projection and one filter, as SQL strings: in a classic session every DataFrame call is a
-            # round trip to the JVM and an analysis, and this plan is rebuilt every run
-            keys = [f"CAST(`{kc}` AS BIGINT)" if kc else "CAST(NULL AS BIGINT)"
-                    for kc in (query.key_column(s.name, c) for c in classes)]
-            if part_class is None:
-                g = "CAST(0 AS BIGINT)"
-            else:
-                # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
-                kcol = f"({keys[classes.index(part_class)]})"
-                g = f"CASE WHEN {kcol} IS NULL THEN NULL ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"
-            df = (reader.parquet(*[_spark_path(p) for p in paths])
-                  .selectExpr(f"CAST({sid} AS INT) AS sid", f"{event_time_sql(s)} AS t", f"{g} AS g",
-                              *[f"{k} AS k{ci}" for ci, k in enumerate(keys)])
-                  .where(f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"))
-            frames.append(df)
+            frames.append(reader.parquet(*[_spark_path(p) for p in paths]).selectExpr(*columns).where(keep))
     if frames:
         base = frames[0]
         for f in frames[1:]:
