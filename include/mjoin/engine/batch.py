@@ -317,9 +317,12 @@ class BatchRunner:
     # ---- stage inputs ---------------------------------------------------------------------
     def route(self, deltas, keep=()):
         """Each delta row once per attribute class of its stream, with its (class, bucket), conformed
-        to the frame schema (plus the columns in ``keep``)."""
+        to the frame schema (plus the columns in ``keep``). A batch may hold only some streams (a
+        trigger that caught one stream's file): their frame lacks the other classes' key columns,
+        which conforming first adds as typed nulls."""
         from pyspark.sql import functions as F
 
+        deltas = self.conform(deltas, keep)
         parts = []
         for ci, c in enumerate(self.eq.classes):
             k = key_name(c)
@@ -329,7 +332,7 @@ class BatchRunner:
         out = parts[0]
         for p in parts[1:]:
             out = out.unionByName(p)
-        return self.conform(out, keep)
+        return out
 
     def ticks(self, batches=None):
         """One tick row per (class, bucket) (per batch in ``batches``, as column ``_batch``)."""

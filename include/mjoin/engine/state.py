@@ -133,21 +133,50 @@ class StateStore:
 #: compaction: at most this many files per (class, stream, bucket) state
 MAX_FILES = 8
 
+#: (root, files, purge threshold) -> rows. The threshold is part of the key: a batch that purges a
+#: state without adding rows keeps its file list, and a later stage of the same batch (or a re-run)
+#: must still find the state as committed before the batch, not the purged one.
 _CACHE: "OrderedDict[tuple, KeyedRows]" = OrderedDict()
 _CACHE_BYTES = [0]
+_BY_FILES: dict = {}  # (root, files) -> thresholds cached
+
+
+def _le(a, b) -> bool:
+    """Threshold ``a`` purges no more than ``b`` (None: nothing purged)."""
+    return a is None or (b is not None and a <= b)
+
+
+def _cache_drop(key: tuple) -> None:
+    _CACHE_BYTES[0] -= _CACHE.pop(key).nbytes
+    thr = _BY_FILES.get(key[:2])
+    if thr is not None:
+        thr.discard(key[2])
+        if not thr:
+            del _BY_FILES[key[:2]]
 
 
 def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
     if key in _CACHE:
-        _CACHE_BYTES[0] -= _CACHE.pop(key).nbytes
+        _cache_drop(key)
     size = rows.nbytes
     if size > budget_bytes:
         return
     _CACHE[key] = rows
     _CACHE_BYTES[0] += size
+    _BY_FILES.setdefault(key[:2], set()).add(key[2])
     while _CACHE_BYTES[0] > budget_bytes and _CACHE:
-        _, old = _CACHE.popitem(last=False)
-        _CACHE_BYTES[0] -= old.nbytes
+        _cache_drop(next(iter(_CACHE)))
+
+
+def _cache_get(root: str, files: tuple, after) -> KeyedRows | None:
+    """Cached rows of ``files`` purged at most to ``after`` (then purged to it), or None."""
+    thresholds = [t for t in _BY_FILES.get((root, files), ()) if _le(t, after)]
+    if not thresholds:
+        return None
+    best = max(thresholds, key=lambda t: -1 << 62 if t is None else t)
+    key = (root, files, best)
+    _CACHE.move_to_end(key)
+    return _CACHE[key].purge(after)
 
 
 def _read_file(root: str, rel: str) -> pa.Table:
@@ -161,12 +190,11 @@ def load_state(root: str, entry: dict | None, key_col: str, budget_bytes: int) -
     if entry is None:
         return None, "empty"
     files = tuple(entry["files"])
-    key = (root, files)
-    hit = _CACHE.get(key)
+    after = entry.get("after")
+    hit = _cache_get(root, files, after)
     if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit.purge(entry.get("after")), "cache"
-    prefix = _CACHE.get((root, files[:-1])) if len(files) > 1 else None
+        return hit, "cache"
+    prefix = _cache_get(root, files[:-1], after) if len(files) > 1 else None
     if prefix is not None:
         rows, source = prefix.concat(KeyedRows(_read_file(root, files[-1]), key_col, presorted=True)), "cache+file"
     else:
@@ -174,8 +202,8 @@ def load_state(root: str, entry: dict | None, key_col: str, budget_bytes: int) -
         rows = KeyedRows(pa.concat_tables(tables) if len(tables) > 1 else tables[0], key_col,
                          presorted=len(tables) == 1)
         source = "files"
-    rows = rows.purge(entry.get("after"))
-    _cache_put(key, rows, budget_bytes)
+    rows = rows.purge(after)
+    _cache_put((root, files, after), rows, budget_bytes)
     return rows, source
 
 
@@ -206,5 +234,5 @@ def persist_state(root: str, version: int, attr_class: str, stream: str, bucket:
             rel = StateStore.file_rel(version, attr_class, stream, bucket)
             _write_file(root, rel, rows)
             files, stored = [rel], len(rows)
-    _cache_put((root, tuple(files)), rows, budget_bytes)
+    _cache_put((root, tuple(files), update.threshold), rows, budget_bytes)
     return {"files": files, "after": update.threshold, "stored": stored, "tuples": len(rows), "keys": rows.nkeys}
