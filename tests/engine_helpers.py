@@ -218,12 +218,15 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
     out = {"start": start, "files": {}, "planted": {}, "late_ids": {"a": [], "b": [], "c": []},
            "rejected_files": {}, "rows": {}}
     ids = {"a": 0, "b": 100_000, "c": 200_000}
-    max_accepted = None  # max event time (micros) of rows accepted so far
+    # the engine's rule (mjoin.engine.watermark): each stream's watermark is its max accepted event time
+    # minus the lateness, the job's is the minimum over the streams (none is idle here: each wave holds
+    # all three), taken when the batch (= the wave) starts
+    max_accepted: dict = {}  # stream -> max event time (micros) of its rows accepted so far
     lateness = 20 * 1_000_000
     for w in range(waves):
         arrival = start + w * WAVE
-        wm = None if max_accepted is None else max_accepted - lateness
-        wave_max = max_accepted
+        wm = min(max_accepted.values()) - lateness if len(max_accepted) == 3 else None
+        wave_max = dict(max_accepted)
         files = []
         for s in ("a", "b", "c"):
             m = n // 3
@@ -245,7 +248,7 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
             out["late_ids"][s] += idv[late].tolist()
             acc = valid & ~late
             if acc.any():
-                wave_max = int(t_us[acc].max()) if wave_max is None else max(wave_max, int(t_us[acc].max()))
+                wave_max[s] = max(wave_max.get(s, int(t_us[acc].max())), int(t_us[acc].max()))
             kcol = pa.array([None if np.isnan(k) else int(k) for k in key], pa.int64())
             if s == "a":
                 tv = [None if bt and i % 2 else ("garbage" if bt else
@@ -267,7 +270,7 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
             files.append(("sa", arrival, pa.table({"t": ["2026-01-01 00:00:01"] * 5, "ka": pa.array([1] * 5, pa.int64())}), 1))
             out["rejected_files"][w] = ("a", 5)
         elif w == 1:  # stream b with string keys: "12" and " 7" convert, "x9" does not, one NULL
-            wm1 = wave_max if wave_max is not None else start * 1_000_000
+            wm1 = max(wave_max.values()) if wave_max else start * 1_000_000
             tt = pa.array([wm1 - 1_000_000] * 4, pa.int64()).cast(pa.timestamp("us"))
             files.append(("sb", arrival, pa.table({"ts": tt, "kb": ["12", " 7", "x9", None],
                                                     "idb": pa.array([900_001, 900_002, 900_003, 900_004]),
@@ -276,7 +279,7 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
             out["planted"][w]["b"]["null_key"] += 1
             out["rows"][w]["b"] += 2
         elif w == 2:  # stream c with double keys: 3.0 converts, 2.5 is not a key
-            e = (wave_max // 1_000_000) if wave_max is not None else start
+            e = (max(wave_max.values()) // 1_000_000) if wave_max else start
             files.append(("sc", arrival, pa.table({"e": pa.array([e, e], pa.int64()), "kc": [3.0, 2.5],
                                                     "idc": pa.array([900_011, 900_012], pa.int64())}), 1))
             out["planted"][w]["c"]["bad_type"] = 1

@@ -196,15 +196,37 @@ def test_state_log_appends_deltas_compacts_and_reads_back(tmp_path):
         rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
         assert source == "cache" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
         # a cold reader
-        st._CACHE.clear()
+        st.clear_cache()
         rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
         assert source == "files" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
         assert (np.diff(rows.key) >= 0).all()
         # a reader holding the previous version reads only the appended file
         if prev_entry is not None and entry["files"][:-1] == prev_entry["files"]:
-            st._CACHE.clear()
-            st._cache_put((root, tuple(prev_entry["files"])), prev_live, 1 << 30)
+            st.clear_cache()
+            st._cache_put((root, tuple(prev_entry["files"]), prev_entry["after"]), prev_live, 1 << 30)
             rows, source = st.load_state(root, entry, "_k_c0", 1 << 30)
             assert source == "cache+file" and sorted(zip(rows.key.tolist(), rows.ts.tolist())) == expect
             appended = True
     assert appended and seen_compaction and max(lengths) <= st.MAX_FILES and max(lengths) > 1
+
+
+def test_state_cache_keeps_the_pre_batch_state_when_a_purge_keeps_the_files(tmp_path):
+    """A batch that only purges a state (no new rows) keeps its file list; a later stage of the same
+    batch (or a re-run) loading the committed entry must get the rows as committed, not the purged ones."""
+    from mjoin.engine import state as st
+    from mjoin.engine.operator import StateUpdate
+
+    root = str(tmp_path / "state")
+    st.clear_cache()
+    rows = KeyedRows(pa.table({"_ts": pa.array([10, 20, 30], pa.int64()), "_k_c0": pa.array([1, 2, 3], pa.int64())}),
+                     "_k_c0")
+    entry = st.persist_state(root, 0, "c0", "s", 0, None, StateUpdate(rows, rows, None, True), 1 << 30)
+    purged = rows.purge(20)
+    after = st.persist_state(root, 1, "c0", "s", 0, entry, StateUpdate(purged, KeyedRows.empty(rows.table.schema,
+                                                                                                "_k_c0"), 20, True),
+                             1 << 30)
+    assert after["files"] == entry["files"] and after["after"] == 20
+    got, source = st.load_state(root, entry, "_k_c0", 1 << 30)
+    assert source == "cache" and got.ts.tolist() == [10, 20, 30]
+    got, source = st.load_state(root, after, "_k_c0", 1 << 30)
+    assert source == "cache" and got.ts.tolist() == [30]

@@ -189,8 +189,6 @@ def _random_orders(rng: random.Random, query) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the watermark is the max over all streams: a batch boundary inside an arrival "
-                                       "cycle quarantines the cycle's other files as late (issue 14, point 1)")
 @pytest.mark.parametrize("seed", [11, 23, 37, 41])
 def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed):
     rng = random.Random(seed)

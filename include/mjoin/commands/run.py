@@ -44,6 +44,9 @@ def add_arguments(p):
     s.add_argument("--timeout", type=float, help="stop a processingTime run after this many seconds")
     s.add_argument("--namespace", default="", help="lake namespace for outputs (e.g. eval/run1)")
     s.add_argument("--max-files-per-trigger", type=int, help="at most this many landed files per micro-batch")
+    s.add_argument("--idle-timeout", type=_idle_timeout, metavar="SECONDS|never",
+                   help="a stream whose event time lags the leading stream's by more than this is idle: the "
+                        "job's watermark does not wait for it (default: the query's largest window)")
     e = p.add_argument_group("engine")
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
@@ -54,11 +57,26 @@ def add_arguments(p):
     p.add_argument("--inject-fault", dest="fault", help=argparse.SUPPRESS)
 
 
+def _idle_timeout(text: str) -> float:
+    if text.strip().lower() in ("never", "inf", "none"):
+        return float("inf")
+    from ..timeutil import parse_duration
+
+    try:
+        v = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError("must be a positive duration (or never)")
+    return v
+
+
 def config_from(args):
     from ..engine import EngineConfig
 
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
-                        max_files_per_trigger=args.max_files_per_trigger, fault=args.fault)
+                        max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
+                        idle_timeout=getattr(args, "idle_timeout", None))
 
 
 def execute(spark, args):

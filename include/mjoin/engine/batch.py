@@ -359,7 +359,12 @@ class BatchRunner:
 
     # ---- one batch ----------------------------------------------------------------------------
     def run(self, batch_id: int, binput: BatchInput, plan: CompiledPlan, *, purge_bound: int | None,
-            emit: bool = True, extra: dict | None = None, write_metrics: bool = True) -> dict:
+            emit: bool = True, extra: dict | None = None, write_metrics: bool = True,
+            event_time: dict | None = None) -> dict:
+        """Run one batch and commit it. ``purge_bound``: every row of this and later batches has
+        ``ts >= purge_bound`` (state tuples that can join none of them go after the batch);
+        ``event_time``: the streaming job's watermarks after the batch, kept in the manifest
+        (:class:`mjoin.engine.watermark.Watermarks`)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         started = datetime.now(timezone.utc)
         t_batch = time.perf_counter()
@@ -426,9 +431,12 @@ class BatchRunner:
         max_ts = max([v for v in ((prev or {}).get("max_ts"), binput.max_ts) if v is not None], default=None)
         manifest = {"version": batch_id, "batch_id": batch_id, "query": eq.name, "query_fingerprint": eq.fingerprint,
                     "buckets": cfg.buckets, "max_ts": max_ts,
-                    "watermark": None if max_ts is None else max_ts - eq.lateness_us,
+                    "watermark": (event_time or {}).get("watermark") if event_time is not None else
+                    (None if max_ts is None else max_ts - eq.lateness_us),
                     "plan_version": plan.version, "plan_source": plan.source, "files": files,
                     "mode": self.mode}
+        if event_time is not None:
+            manifest["event_time"] = event_time
         record = self._record(batch_id, binput, plan, docs, started, extra or {})
         manifest["tuples"] = record["state_tuples"]
         manifest["keys"] = record["state_keys"]

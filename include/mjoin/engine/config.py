@@ -53,6 +53,13 @@ class EngineConfig:
     prefilter_accounting: bool = True
     #: streaming: at most this many landed files per micro-batch (None: all available)
     max_files_per_trigger: int | None = None
+    #: streaming: a stream whose event time lags the leading stream's by more than this many seconds
+    #: is idle, left out of the job's watermark (None: the query's largest window; inf: never idle).
+    #: See :mod:`mjoin.engine.watermark`.
+    idle_timeout: float | None = None
+    #: streaming: re-list an arrival folder while its epoch is within this many seconds of the newest
+    #: arrival of its source (see :mod:`mjoin.engine.source`)
+    recheck_seconds: float = 600.0
     #: testing only (fault injection, see :data:`FAULTS`): "crash_before_commit:<batch>",
     #: "pause_before_commit:<batch>:<seconds>" or "pause_after_commit:<batch>:<seconds>"
     fault: str | None = None
@@ -66,6 +73,10 @@ class EngineConfig:
             raise EngineError("shuffle_partitions must be >= 1")
         if self.fault is not None:
             parse_fault(self.fault)
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise EngineError("idle_timeout must be a positive number of seconds (or inf: never idle)")
+        if not self.recheck_seconds >= 0:
+            raise EngineError("recheck_seconds must be >= 0")
 
     def pause_at(self, point: str, batch_id: int) -> float:
         """Seconds the fault asks to pause at ``point`` (``before_commit``, ``after_commit``) of batch

@@ -141,6 +141,13 @@ _CACHE_BYTES = [0]
 _BY_FILES: dict = {}  # (root, files) -> thresholds cached
 
 
+def clear_cache() -> None:
+    """Forget every cached state (tests; a worker's memory otherwise ages out by LRU)."""
+    _CACHE.clear()
+    _BY_FILES.clear()
+    _CACHE_BYTES[0] = 0
+
+
 def _le(a, b) -> bool:
     """Threshold ``a`` purges no more than ``b`` (None: nothing purged)."""
     return a is None or (b is not None and a <= b)

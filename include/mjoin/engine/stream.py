@@ -1,14 +1,17 @@
 """Streaming mode: one Structured Streaming query over the landed files, one checkpoint,
 ``foreachBatch`` running the same per-batch function as interval evaluation.
 
-Source: a ``binaryFile`` file source over ``<lake>/streams/`` (recursive, ``*.parquet``)
-of which only the path is used (Spark reads no content for it). Its file log in the
-checkpoint says which files each batch id holds, so a batch re-run after a crash
-sees the same files; the batch itself reads and validates them (one odd file is
-quarantined as ``bad_schema``, never fails the query; a plain per-stream Parquet
-source would fail the whole query on it). Outputs are idempotent per batch id
-(:mod:`mjoin.engine.batch`), so the file source's at-least-once replay becomes
+Source: :class:`mjoin.engine.source.LakeSource`, the query's landed files in arrival order from a
+file log of the job's own in the checkpoint (modification times play no part: a copied or restored
+lake, several producers and object stores give the same batches). Spark's offset log fixes which
+log positions each batch id holds, so a batch re-run after a crash sees the same files; the batch
+itself reads and validates them (one odd file is quarantined, never fails the query). Outputs are
+idempotent per batch id (:mod:`mjoin.engine.batch`), so the source's at-least-once replay becomes
 exactly-once output.
+
+Event time (:mod:`mjoin.engine.watermark`): a watermark per stream, combined by the minimum (with
+an idle timeout in event time); rows below the job's watermark when their batch starts are late,
+and the state is purged with that watermark after every stage of the batch has probed.
 
 Hot plan reload: before every batch the job reads the registry's ACTIVE version
 and switches when it changed (recorded as ``plan_switch``); without an active plan
@@ -36,6 +39,8 @@ from .config import EngineConfig, EngineError
 from .control import JobControl, Watcher
 from .inputs import as_lake, as_plan, as_query
 from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
+from .source import source_frame
+from .watermark import Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +74,6 @@ class StreamSummary:
                 f"  results: {self.results_path}\n  metrics: {self.metrics_path}")
 
 
-def _local(path: str) -> str:
-    """A file source path (``file:/x/y``) as the lake spells it."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    if path.startswith("file:"):
-        return path[len("file:"):]
-    return path
-
-
 class StopAtBoundary(Exception):
     """A batch refused because the job is stopping (ends the query; Spark re-runs it after a restart)."""
 
@@ -97,7 +93,8 @@ class StreamJob:
         self.fallback = CompiledPlan.from_plan(query, fallback, source=src, prefilter=config.prefilter)
         self.current: CompiledPlan | None = None
         self.records: list = []
-        self.streams_root = fsutil.resolve(lake.streams())[1] if not fsutil.is_url(lake.root) else lake.streams()
+        self.idle_us = (max(self.eq.window_us.values()) if config.idle_timeout is None
+                        else config.idle_timeout * 1_000_000)
         self.by_source: dict = {}
         for s in query.streams:
             self.by_source.setdefault(s.source, []).append(s.name)
@@ -150,22 +147,18 @@ class StreamJob:
         self.current = new
         return new, switch, error
 
-    def files_by_stream(self, paths) -> tuple[dict, int]:
+    def files_by_stream(self, entries) -> tuple[dict, int]:
+        """Stream -> landed files of a batch (the source's rows, in arrival order); files of sources no
+        stream reads are counted as ignored."""
         out: dict = {s: [] for s in self.eq.streams}
         ignored = 0
-        root = self.streams_root.rstrip("/") + "/"
-        for p in sorted(paths):
-            local = _local(p)
-            if not local.startswith(root):
+        for e in entries:
+            names = self.by_source.get(e.source)
+            if not names:
                 ignored += 1
                 continue
-            source = local[len(root):].split("/", 1)[0]
-            names = self.by_source.get(source)
-            if not names:
-                ignored += 1  # another query's stream
-                continue
             for n in names:
-                out[n].append(local if not fsutil.is_url(self.lake.root) else p)
+                out[n].append(e.path)
         return out, ignored
 
     def progress(self) -> dict:
@@ -239,22 +232,22 @@ class StreamJob:
 
         spark, eq, runner = self.spark, self.eq, self.runner
         t0 = time.perf_counter()
-        paths = [r.path for r in df.select("path").collect()]
-        files, ignored = self.files_by_stream(paths)
+        entries = sorted(df.collect(), key=lambda r: r.seq)
+        files, ignored = self.files_by_stream(entries)
         prev = runner.store.latest_before(batch_id)
-        prev_max = prev.get("max_ts") if prev else None
-        late_before = None if prev_max is None else prev_max - eq.lateness_us
+        marks = Watermarks.from_manifest(prev, eq.streams, eq.lateness_us)
+        late_before = marks.watermark  # rows below the job's watermark when the batch starts are late
         compiled, switch, plan_error = self.plan_for_batch(batch_id, prev)
         inspected = inspect_files(self.query, eq, files)
         frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
-        rows_in, counts, max_ts = {}, {}, None
+        rows_in, counts, batch_max = {}, {}, {}
         if frame is not None:
             frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
             for r in frame.groupBy("_s", "_reason").agg(F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi")).collect():
                 s = eq.streams[r["_s"]]
                 if r["_reason"] is None:
                     rows_in[s] = r["n"]
-                    max_ts = r["hi"] if max_ts is None else max(max_ts, r["hi"])
+                    batch_max[s] = r["hi"]
                 else:
                     counts.setdefault(s, {})[r["_reason"]] = r["n"]
             write_quarantine(frame, counts, [], self.lake, self.query.name, eq, batch_id)
@@ -263,13 +256,19 @@ class StreamJob:
             per = counts.setdefault(rej.stream, {})
             per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
         deltas = frame.where(F.col("_reason").isNull()).drop("_reason", "_file", "_raw") if frame is not None else None
-        new_max = max([v for v in (prev_max, max_ts) if v is not None], default=None)
-        purge_bound = None if new_max is None else new_max - eq.lateness_us
-        binput = BatchInput(deltas=deltas, rows_in=rows_in, quarantined=counts, max_ts=max_ts,
-                            quarantined_files=[r.to_json() for r in inspected.rejects], files=len(paths))
+        after = marks.advance(batch_max, eq.streams, eq.lateness_us, self.idle_us)
+        binput = BatchInput(deltas=deltas, rows_in=rows_in, quarantined=counts,
+                            max_ts=max(batch_max.values(), default=None),
+                            quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
         try:
-            rec = runner.run(batch_id, binput, compiled, purge_bound=purge_bound, extra={
+            # the state is purged with the watermark the batch started with (safe: every accepted row of
+            # this and later batches is at or above it), after every stage of the batch has probed
+            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, event_time=after.to_json(), extra={
                 "plan_switch": switch, "plan_error": plan_error, "watermark": late_before,
+                "watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
+                               "idle": list(after.idle)},
+                "arrivals": [min((e.arrival for e in entries if e.arrival is not None), default=None),
+                             max((e.arrival for e in entries if e.arrival is not None), default=None)],
                 "files": sum(len(v) for v in files.values()), "files_ignored": ignored,
                 "prepare_seconds": round(time.perf_counter() - t0, 6)})
         finally:
@@ -278,20 +277,6 @@ class StreamJob:
         self.records.append(rec)
         log.info("batch %d (%s): %d files, %d rows in, %d results, %.2fs", batch_id, compiled.describe(),
                  rec["files"], sum(rec["rows_in"].values()), rec["result_rows"], rec["wall_seconds"])
-
-
-def source_frame(spark, lake, config: EngineConfig):
-    """The file-listing stream: paths of landed Parquet files (content never read)."""
-    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
-
-    schema = StructType([StructField("path", StringType()), StructField("modificationTime", TimestampType()),
-                         StructField("length", LongType()), StructField("content", BinaryType())])
-    fsutil.makedirs(lake.streams())
-    reader = (spark.readStream.format("binaryFile").schema(schema).option("recursiveFileLookup", "true")
-              .option("pathGlobFilter", "*.parquet"))
-    if config.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
-    return reader.load(lake.streams()).select("path")
 
 
 def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: float | None = None, plan=None,
@@ -323,7 +308,8 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     try:
         job = StreamJob(spark, query, lake, plan, config)
         job.on_batch_end = watcher.batch_ended
-        writer = (source_frame(spark, lake, config).writeStream.foreachBatch(job.run_batch)
+        writer = (source_frame(spark, lake, query, lake.checkpoints(query.name), config).writeStream
+                  .foreachBatch(job.run_batch)
                   .option("checkpointLocation", lake.checkpoints(query.name))
                   .queryName(f"mjoin_{query.name}_{claim.run_id}"))
         writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
