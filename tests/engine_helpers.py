@@ -265,28 +265,26 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
             files.append((f"s{s}", arrival, tbl, 0))
             out["planted"].setdefault(w, {})[s] = defects
             out["rows"].setdefault(w, {})[s] = int(acc.sum())
-        # the odd file of the wave
-        if w == 0:  # stream a without its id column: the whole file is rejected
+        # the odd file of the wave: rejected whole by a rule of the landing contract (mjoin.contract), as the
+        # input gate rejects it; (stream, rows, quarantine reason)
+        if w == 0:  # stream a without its id column
             files.append(("sa", arrival, pa.table({"t": ["2026-01-01 00:00:01"] * 5, "ka": pa.array([1] * 5, pa.int64())}), 1))
-            out["rejected_files"][w] = ("a", 5)
-        elif w == 1:  # stream b with string keys: "12" and " 7" convert, "x9" does not, one NULL
+            out["rejected_files"][w] = ("a", 5, "schema_mismatch")
+        elif w == 1:  # stream b with string keys ("12" would convert, but the spec says long)
             wm1 = max(wave_max.values()) if wave_max else start * 1_000_000
             tt = pa.array([wm1 - 1_000_000] * 4, pa.int64()).cast(pa.timestamp("us"))
             files.append(("sb", arrival, pa.table({"ts": tt, "kb": ["12", " 7", "x9", None],
                                                     "idb": pa.array([900_001, 900_002, 900_003, 900_004]),
                                                     "vb": [0.5, 0.25, 0.125, 1.0]}), 1))
-            out["planted"][w]["b"]["bad_type"] = 1
-            out["planted"][w]["b"]["null_key"] += 1
-            out["rows"][w]["b"] += 2
-        elif w == 2:  # stream c with double keys: 3.0 converts, 2.5 is not a key
+            out["rejected_files"][w] = ("b", 4, "schema_mismatch")
+        elif w == 2:  # stream c with double keys
             e = (max(wave_max.values()) // 1_000_000) if wave_max else start
             files.append(("sc", arrival, pa.table({"e": pa.array([e, e], pa.int64()), "kc": [3.0, 2.5],
                                                     "idc": pa.array([900_011, 900_012], pa.int64())}), 1))
-            out["planted"][w]["c"]["bad_type"] = 1
-            out["rows"][w]["c"] += 1
+            out["rejected_files"][w] = ("c", 2, "schema_mismatch")
         else:  # not Parquet at all
             files.append(("sb", arrival, None, 1))
-            out["rejected_files"][w] = ("b", None)
+            out["rejected_files"][w] = ("b", None, "unreadable")
         for k, (source, a, tbl, part) in enumerate(files):
             path = lake.stream_file(source, a, part)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -300,3 +298,51 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
         max_accepted = wave_max
     out["end"] = start + waves * WAVE
     return out
+
+
+# ---- the streaming job as an OS process of its own -------------------------------------------------
+
+PROJECT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def job_env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT / "include")] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]), MJOIN_SHUFFLE_PARTITIONS="2", MJOIN_SPARK_MASTER="local[2]",
+        **extra)
+
+
+def start_job(lake: Lake, log, *args, spark_submit: bool = True):
+    """``python -m mjoin run <args> --lake <lake>`` (or ``spark-submit jobs/join.py``) in a session of its
+    own, so that a test can kill its whole process group."""
+    import subprocess
+    import sys
+
+    if spark_submit:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
+               "--conf", "spark.ui.enabled=false", "--driver-memory", "1g", str(PROJECT / "jobs" / "join.py")]
+    else:
+        cmd = [sys.executable, "-m", "mjoin", "run"]
+    with open(log, "w") as fh:
+        return subprocess.Popen(cmd + list(args) + ["--lake", lake.root], stdout=fh, stderr=subprocess.STDOUT,
+                                env=job_env(), start_new_session=True)
+
+
+def kill_tree(proc) -> None:
+    """SIGKILL the job's whole process tree: spark-submit's JVM, the Python driver, and PySpark's
+    worker daemon with its workers (the daemon runs in a process group of its own)."""
+    import signal
+
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    tree = [root] + root.children(recursive=True)
+    assert len(tree) >= 3, [p.name() for p in tree]  # JVM or launcher, driver, workers
+    os.killpg(proc.pid, signal.SIGKILL)
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive, alive
+    proc.wait(60)

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine_helpers import (T0, TPCDS_TABLES, assert_same_results, multiset, no_leaked_queries, reference,
-                            replay_tpcds, write_stream_file)
+from engine_helpers import (T0, TPCDS_TABLES, assert_same_results, kill_tree, multiset, no_leaked_queries, reference,
+                            replay_tpcds, start_job, write_stream_file)
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
 from mjoin.lake import Lake
 from mjoin.query import parse_query
@@ -182,3 +182,45 @@ def test_idle_stream_keeps_results_and_bounds_state(spark, tmp_path):
     expected = read_results(str(out), q.name)
     assert_same_results(expected, reference(q, lake), "interval vs DuckDB")
     assert_same_results(res, expected, "idle stream: streaming vs interval")
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_of_a_live_job_racing_the_lander(spark, staged, expected, seed_query, tmp_path):
+    """The job runs as its own OS process (spark-submit, 1-s processingTime trigger) while a lander lands in
+    real time; it is killed with SIGKILL (whole process tree) at random moments three times, each time
+    restarted at once; an in-process availableNow run finishes the backlog. No loss, no duplicate."""
+    from mjoin.engine.control import JobControl
+
+    stage, info, arrivals = staged
+    lake = Lake(str(tmp_path / "lake"))
+    lander = Lander(stage, lake, arrivals, seed=8, pause=0.5)
+    lander.start()
+    control = JobControl(lake, seed_query.name)
+    rng = random.Random(8)
+    args = ["--stream", "--query", seed_query.name, "--buckets", "4", "--trigger", "processingTime", "--interval", "1"]
+    kills = []
+    for k in range(3):
+        log = tmp_path / f"job{k}.log"
+        job = start_job(lake, log, *args)
+        try:
+            deadline = time.monotonic() + 300
+            start_batch = control.status().get("last_batch_id")
+            while time.monotonic() < deadline:  # until this run has done a batch of its own
+                assert job.poll() is None, log.read_text()[-3000:]
+                st = control.status()
+                if st.get("running") and st.get("last_batch_id") is not None and st.get("last_batch_id") != start_batch:
+                    break
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0, 1.5))
+            kills.append(control.status().get("batch_in_progress"))
+            kill_tree(job)
+        finally:
+            if job.poll() is None:
+                job.kill()
+    lander.join(300)
+    assert lander.error is None
+    s = run_stream(spark, seed_query, lake, config=EngineConfig(buckets=4))
+    assert sum(v.get("late", 0) for v in s.quarantined.values()) == 0
+    res = read_results(lake, seed_query.name)
+    assert max(multiset(res).values()) == 1
+    assert_same_results(res, expected, f"three kill -9 (in batches {kills}) and restarts")

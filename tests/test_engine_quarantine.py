@@ -10,6 +10,7 @@ import pytest
 
 from engine_helpers import WAVE, assert_same_results, make_synthetic, reference, synth_query, write_stream_file
 from mjoin import fsutil
+from mjoin.contract import FILE_REASONS
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.interval import run_interval_plans
@@ -23,8 +24,10 @@ def test_file_checks_reject_what_spark_cannot_read(tmp_path):
     """Footer checks (pyarrow only): each rejected file is named with the problem."""
     q = synth_query()
     lake = Lake(str(tmp_path))
-    ok = write_stream_file(lake, "sc", 0, pa.table({"e": pa.array([1], pa.int64()), "kc": pa.array([1], pa.uint64()),
+    ok = write_stream_file(lake, "sc", 0, pa.table({"e": pa.array([1], pa.int64()), "kc": pa.array([1], pa.int32()),
                                                     "idc": pa.array([1], pa.int32())}))
+    wide = write_stream_file(lake, "sc", 3, pa.table({"e": pa.array([1], pa.int64()), "kc": pa.array([1], pa.uint64()),
+                                                      "idc": pa.array([1], pa.int32())}))
     ns = write_stream_file(lake, "sb", 0, pa.table({"ts": pa.array([1], pa.timestamp("ns")), "kb": [1], "idb": [1],
                                                     "vb": [0.5]}))
     listed = write_stream_file(lake, "sc", 1, pa.table({"e": [1], "kc": pa.array([[1, 2]]), "idc": [1]}))
@@ -32,15 +35,29 @@ def test_file_checks_reject_what_spark_cannot_read(tmp_path):
     missing = write_stream_file(lake, "sa", 0, pa.table({"t": ["x"], "ka": [1]}))
     garbage = lake.stream_file("sa", 1)
     fsutil.atomic_write_bytes(garbage, b"PAR1 but not really")
-    got = inspect_files(q, EngineQuery.from_query(q), {"a": [missing, garbage], "b": [ns], "c": [ok, listed, boolean_key]})
+    got = inspect_files(q, EngineQuery.from_query(q), {"a": [missing, garbage], "b": [ns],
+                                                       "c": [ok, listed, boolean_key, wide]})
     rejected = {r.path: r for r in got.rejects}
-    assert set(rejected) == {listed, boolean_key, missing, garbage}
-    assert all(r.reason == "bad_schema" for r in got.rejects)
+    assert set(rejected) == {listed, boolean_key, missing, garbage, wide}
+    # the input gate's rules (mjoin.contract), by name
+    assert {p: (r.rule, r.reason) for p, r in rejected.items()} == {
+        missing: ("input.schema_matches_spec", "schema_mismatch"), listed: ("input.schema_matches_spec", "schema_mismatch"),
+        boolean_key: ("input.schema_matches_spec", "schema_mismatch"), wide: ("input.schema_matches_spec", "schema_mismatch"),
+        garbage: ("input.files_readable", "unreadable")}
     assert "missing column ida" in rejected[missing].detail and rejected[missing].rows == 1
     assert "kc" in rejected[listed].detail and "kc" in rejected[boolean_key].detail
+    assert "uint64" in rejected[wide].detail  # a 64-bit unsigned key does not fit a long
     assert "not a readable Parquet file" in rejected[garbage].detail and rejected[garbage].rows is None
     accepted = [p for _, (_, paths) in got.groups.items() for p in paths]
-    assert sorted(accepted) == sorted([ok, ns])  # nanosecond timestamps and uint64 keys are readable
+    assert sorted(accepted) == sorted([ok, ns])  # nanosecond timestamps and narrower integer keys are read
+
+
+def odd_files(info) -> dict:
+    """Stream -> the files of the synthetic lake that the contract rejects whole (the 4th file of each wave)."""
+    out: dict = {}
+    for w, (stream, _, _) in info["rejected_files"].items():
+        out.setdefault(stream, []).append(info["files"][w][3])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +81,10 @@ def test_stream_quarantines_every_kind_and_joins_the_rest(spark, synthetic):
             planted = info["planted"][w][stream]
             for reason in ("null_key", "bad_type", "bad_time", "late"):
                 assert got[reason] == planted.get(reason, 0), (w, stream, reason, got, planted)
-            bad_schema = info["rejected_files"].get(w)
-            assert got["bad_schema"] == ((bad_schema[1] or 0) if bad_schema and bad_schema[0] == stream else 0)
+            odd = info["rejected_files"].get(w)
+            for reason in FILE_REASONS:
+                expected = (odd[1] or 0) if odd and odd[0] == stream and odd[2] == reason else 0
+                assert got[reason] == expected, (w, stream, reason, got)
             assert rec["rows_in"][stream] == info["rows"][w][stream], (w, stream)
         rejected = info["rejected_files"].get(w)
         assert [f["stream"] for f in rec["quarantined_files"]] == ([rejected[0]] if rejected else [])
@@ -78,7 +97,7 @@ def test_stream_quarantines_every_kind_and_joins_the_rest(spark, synthetic):
         assert rows["row"].str.startswith("{").all() and rows["file"].str.contains(f"/s{stream}/").all()
     assert fsutil.exists(fsutil.join(lake.quarantine(q.name, "a"), "files-batch=0.json"))
     # what was accepted joins exactly as the reference over the accepted rows
-    rejected_files = {"a": [info["files"][0][3]], "b": [info["files"][3][3]]}
+    rejected_files = odd_files(info)
     ref = reference(q, lake, exclude_files=rejected_files,
                     exclude_ids={"a": ("ida", info["late_ids"]["a"]), "b": ("idb", info["late_ids"]["b"]),
                                  "c": ("idc", info["late_ids"]["c"])})
@@ -95,11 +114,11 @@ def test_interval_all_orders_and_prefilter_on_skewed_synthetic_data(spark, synth
     start, end = info["start"] + 60, info["end"] + 60
     summaries = run_interval_plans(spark, q, plans, lake, start, end, WAVE, str(tmp_path),
                                    config=EngineConfig(buckets=3))
-    rejected_files = {"a": [info["files"][0][3]], "b": [info["files"][3][3]]}
-    ref = reference(q, lake, start * 1_000_000, end * 1_000_000, exclude_files=rejected_files)
+    ref = reference(q, lake, start * 1_000_000, end * 1_000_000, exclude_files=odd_files(info))
     assert len(ref) > 50
     for name, summary in summaries.items():
         assert_same_results(read_results(summary.results_path), ref, f"synthetic order {name}")
-        assert summary.quarantined["a"]["bad_schema"] == 5
+        assert summary.quarantined["a"]["schema_mismatch"] == 5
+        assert summary.quarantined["c"]["schema_mismatch"] == 2 and summary.quarantined["b"]["schema_mismatch"] == 4
     pre = read_metrics(summaries["abc_prefilter"].metrics_path)
     assert sum(r["prefilter"]["dropped"] for r in pre) > 0

@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine_helpers import TPCDS_TABLES, assert_same_results, multiset, no_leaked_queries, reference, replay_tpcds
+from engine_helpers import (TPCDS_TABLES, assert_same_results, kill_tree, multiset, no_leaked_queries, reference,
+                            replay_tpcds, start_job)
 from mjoin.engine import EngineConfig, committed_batches, read_metrics, read_results, run_stream
 from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
 from mjoin.engine.control import JobControl
@@ -140,25 +141,11 @@ def test_rerun_of_a_batch_replaces_its_output(spark, staged, seed_query, tmp_pat
         runner.run(3, BatchInput(deltas=deltas), plan_a, purge_bound=None)
 
 
-def _env(**extra):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT / "include")] + [p for p in os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep) if p]), MJOIN_SHUFFLE_PARTITIONS="2", MJOIN_SPARK_MASTER="local[2]",
-        **extra)
-
-
 STREAM_ARGS = ["--stream", "--query", "tpcds_returns_by_address", "--buckets", "4", "--max-files-per-trigger", "8"]
 
 
 def _start_job(lake: Lake, log: Path, *extra, spark_submit: bool = True) -> subprocess.Popen:
-    """The streaming job as an OS process of its own (own session: killable as a group)."""
-    if spark_submit:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
-               "--conf", "spark.ui.enabled=false", "--driver-memory", "1g", str(PROJECT / "jobs" / "join.py")]
-    else:
-        cmd = [sys.executable, "-m", "mjoin", "run"]
-    with open(log, "w") as fh:
-        return subprocess.Popen(cmd + STREAM_ARGS + ["--lake", lake.root, *extra], stdout=fh, stderr=subprocess.STDOUT,
-                                env=_env(), start_new_session=True)
+    return start_job(lake, log, *STREAM_ARGS, *extra, spark_submit=spark_submit)
 
 
 def _wait_for_pause(control: JobControl, proc: subprocess.Popen, log: Path, batch: int, point: str) -> dict:
@@ -175,22 +162,7 @@ def _wait_for_pause(control: JobControl, proc: subprocess.Popen, log: Path, batc
 
 
 def _kill_9(proc: subprocess.Popen) -> None:
-    """SIGKILL the job's whole process tree: spark-submit's JVM, the Python driver, and PySpark's
-    worker daemon with its workers (the daemon runs in a process group of its own)."""
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    tree = [root] + root.children(recursive=True)
-    assert len(tree) >= 3, [p.name() for p in tree]  # JVM or launcher, driver, workers
-    os.killpg(proc.pid, signal.SIGKILL)
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(tree, timeout=60)
-    assert not alive, alive
-    proc.wait(60)
+    kill_tree(proc)
 
 
 def _state_files(lake: Lake, query: str, version: int) -> set:

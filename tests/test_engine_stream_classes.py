@@ -191,22 +191,48 @@ def _random_orders(rng: random.Random, query) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 23, 37, 41])
 def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed):
+    """Random 2- and 3-class specs and landings; the job runs on the first half, stops, the registry's
+    active plan changes, the rest lands (a backlog), the job restarts with another batch size."""
+    from mjoin.registry import PlanRegistry
+
     rng = random.Random(seed)
     spec = random_spec(rng, 2 if seed % 2 else 3)
     q = parse_query(spec, source=spec["name"])
     assert len(q.attribute_classes) >= 2
     lake = Lake(str(tmp_path / "lake"))
     files = random_landing(rng, q)
-    land_files(lake, q, files)
+    half = len(files) // 2
+    mtimes = [rng.uniform(1e9, 2e9) for _ in files]  # modification times play no part
+    land_files(lake, q, files[:half], mtimes[:half])
     plan = make_plan(q, _random_orders(rng, q), "fixedOrder")
     max_files = rng.choice([1, 2, 3, 5])
-    s = run_stream(spark, q, lake, plan=plan, config=EngineConfig(buckets=2, shuffle_partitions=2,
-                                                                  max_files_per_trigger=max_files))
-    assert len(s.batches) == -(-len(files) // max_files)
-    assert sum(sum(v.values()) for v in s.quarantined.values()) == 0
+    cfg = EngineConfig(buckets=2, shuffle_partitions=2, max_files_per_trigger=max_files)
+    s1 = run_stream(spark, q, lake, plan=plan, config=cfg)
+    assert len(s1.batches) == -(-half // max_files)
+    reg = PlanRegistry(lake, q.name)
+    reg.activate(reg.publish(make_plan(q, _random_orders(rng, q), "fixedOrder")), by="test")
+    land_rest(lake, q, files, half, mtimes)
+    max_files2 = rng.choice([1, 2, 4, 7])
+    s2 = run_stream(spark, q, lake, plan=plan, config=EngineConfig(buckets=2, shuffle_partitions=2,
+                                                                   max_files_per_trigger=max_files2))
+    assert s2.batches[0] == s1.batches[-1] + 1 and len(s2.batches) == -(-(len(files) - half) // max_files2)
+    assert [sw["to"] for sw in s2.plan_switches] == [1]
+    assert sum(sum(v.values()) for v in list(s1.quarantined.values()) + list(s2.quarantined.values())) == 0
     res = read_results(lake, q.name)
     expected, _ = _interval(spark, q, lake, plan, tmp_path)
     ref = reference(q, lake)
     assert len(ref) > 0, "the random workload should join something"
     assert_same_results(expected, ref, f"interval vs DuckDB (seed {seed})")
-    assert_same_results(res, expected, f"streaming ({max_files} files per batch) vs interval (seed {seed})")
+    assert_same_results(res, expected, f"streaming ({max_files}, then {max_files2} files per batch, a restart and "
+                                       f"a plan switch) vs interval (seed {seed})")
+
+
+def land_rest(lake: Lake, query, files: list, half: int, mtimes: list) -> None:
+    """Land ``files[half:]`` after ``files[:half]`` (part numbers continue inside an arrival folder)."""
+    by_source = {s.source: s for s in query.streams}
+    for k in range(half, len(files)):
+        source, arrival, rows = files[k]
+        folder = lake.arrival_dir(source, T0 + arrival)
+        part = len(os.listdir(folder)) if os.path.isdir(folder) else 0
+        path = write_stream_file(lake, source, T0 + arrival, _table(rows, by_source[source].columns), part)
+        os.utime(path, ns=(0, int(mtimes[k] * 1e9)))

@@ -360,11 +360,12 @@ class BatchRunner:
     # ---- one batch ----------------------------------------------------------------------------
     def run(self, batch_id: int, binput: BatchInput, plan: CompiledPlan, *, purge_bound: int | None,
             emit: bool = True, extra: dict | None = None, write_metrics: bool = True,
-            event_time: dict | None = None) -> dict:
+            manifest_extra: dict | None = None) -> dict:
         """Run one batch and commit it. ``purge_bound``: every row of this and later batches has
         ``ts >= purge_bound`` (state tuples that can join none of them go after the batch);
-        ``event_time``: the streaming job's watermarks after the batch, kept in the manifest
-        (:class:`mjoin.engine.watermark.Watermarks`)."""
+        ``manifest_extra``: what the streaming job keeps with the state from batch to batch
+        (``event_time``: its watermarks, :class:`mjoin.engine.watermark.Watermarks`; ``seen_files``:
+        the files it accepted, :class:`mjoin.contract.Seen`), committed with it."""
         spark, eq, cfg = self.spark, self.eq, self.config
         started = datetime.now(timezone.utc)
         t_batch = time.perf_counter()
@@ -431,12 +432,12 @@ class BatchRunner:
         max_ts = max([v for v in ((prev or {}).get("max_ts"), binput.max_ts) if v is not None], default=None)
         manifest = {"version": batch_id, "batch_id": batch_id, "query": eq.name, "query_fingerprint": eq.fingerprint,
                     "buckets": cfg.buckets, "max_ts": max_ts,
-                    "watermark": (event_time or {}).get("watermark") if event_time is not None else
-                    (None if max_ts is None else max_ts - eq.lateness_us),
+                    "watermark": None if max_ts is None else max_ts - eq.lateness_us,
                     "plan_version": plan.version, "plan_source": plan.source, "files": files,
                     "mode": self.mode}
-        if event_time is not None:
-            manifest["event_time"] = event_time
+        manifest.update(manifest_extra or {})
+        if "event_time" in manifest:
+            manifest["watermark"] = manifest["event_time"].get("watermark")
         record = self._record(batch_id, binput, plan, docs, started, extra or {})
         manifest["tuples"] = record["state_tuples"]
         manifest["keys"] = record["state_keys"]

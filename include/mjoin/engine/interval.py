@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .. import fsutil
+from ..contract import Seen
 from ..timeutil import iso, to_micros
 from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
 from .compiled import MICROS
@@ -122,7 +123,7 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
         raise EngineError(f"need start < end and a positive cycle (got {iso(start)} .. {iso(end)}, cycle {cycle})")
     n_batches = -(-(end_us - start_us) // cycle_us)
     files = {s.name: in_lake.stream_files(s.source) for s in query.streams}
-    inspected = inspect_files(query, eq, files)
+    inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
     frame = normalize_streams(spark, query, eq, inspected)
     rows_in: dict = {}
     counts: dict = {}
@@ -145,7 +146,7 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     for rej in inspected.rejects:  # rejected files count in the first batch
         per = counts.setdefault(1, {}).setdefault(rej.stream, {})
-        per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
+        per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, max_ts,
                          time.perf_counter() - t0)
 

@@ -1,21 +1,21 @@
 """Landed files -> the engine's frame rows, with bad input quarantined, never crashing the job.
 
-Per file, the Parquet footer is checked on the driver (pyarrow) against the
-stream's declared columns; a file that misses a column or holds a type Spark
-cannot read or convert is rejected as a whole (reason ``bad_schema``). The
-accepted files are read by Spark in groups of identical schema (so one odd file
-can neither fail nor silently re-type the others), and every row is normalised:
+Per file, the landing contract's file-level rules (:mod:`mjoin.contract`, the input gate's rules:
+readable, key columns present, schema as declared, event time not all NULL, not a duplicate of an
+earlier file) are checked on the driver from the Parquet footer; a file that breaks one is
+quarantined whole with the rule's name and a reason (``unreadable``, ``missing_key``,
+``schema_mismatch``, ``no_event_time``, ``duplicate_file``). The accepted files are read by Spark in
+groups of identical schema (so one odd file can neither fail nor silently re-type the others), and
+every row is normalised:
 
 - ``_ts``: event time in epoch microseconds (ALGORITHMS.md: time windows);
 - ``_k_<class>``: the join keys as int64;
 - ``<stream>__<col>``: the output columns, cast to their declared types;
-- ``_reason``: why the row is rejected, or null: ``null_key``, ``bad_type`` (a
-  key or output value that does not convert, e.g. ``"abc"`` or ``1.5`` for a long
-  key), ``bad_time`` (no or unparsable event time), ``late`` (earlier than the
-  watermark).
+- ``_reason``: why the row is rejected, or null: ``null_key``, ``bad_type`` (a value that does not
+  convert), ``bad_time`` (no or unparsable event time), ``late`` (earlier than the watermark).
 
-Every cast is a ``try_`` form: Spark 4 runs in ANSI mode, where a plain cast of
-``"abc"`` to bigint fails the whole job.
+Every cast is a ``try_`` form: Spark 4 runs in ANSI mode, where a plain cast that fails fails the
+whole job.
 """
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import fsutil
+from .. import contract, fsutil
 from .compiled import EngineQuery, key_name, payload_name
 
 log = logging.getLogger(__name__)
 
-REASONS = ("null_key", "bad_type", "bad_time", "late", "bad_schema")
+#: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.contract)
+ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
+REASONS = ROW_REASONS + contract.FILE_REASONS
 _SPARK_TYPES = {"long": "bigint", "int": "int", "short": "smallint", "string": "string", "double": "double",
                 "float": "float", "boolean": "boolean", "date": "date", "timestamp": "timestamp"}
 
@@ -69,34 +71,18 @@ def _kind(t: pa.DataType) -> str | None:
     return info[0] if info else None
 
 
-_NUMERIC = {"int", "float", "decimal", "string"}
-_ACCEPTS = {
-    "long": _NUMERIC, "int": _NUMERIC, "short": _NUMERIC, "double": _NUMERIC, "float": _NUMERIC,
-    "string": {"int", "float", "decimal", "string", "ts", "date", "bool"},
-    "boolean": {"bool", "string", "int"},
-    "date": {"date", "ts", "ts_ns", "string"},
-    "timestamp": {"ts", "ts_ns", "date", "string", "int", "float", "decimal"},
-}
-
-
-def _accepts(spec_type: str, kind: str | None) -> bool:
-    if kind is None:
-        return False
-    if spec_type.startswith("decimal"):
-        return kind in _NUMERIC
-    return kind in _ACCEPTS[spec_type]
-
-
 @dataclass
 class FileReject:
     stream: str
     path: str
-    reason: str
+    reason: str  # a quarantine reason of mjoin.contract.RULES
     detail: str
     rows: int | None
+    rule: str | None = None  # the contract's rule (the input gate's expectation name)
 
     def to_json(self) -> dict:
-        return {"stream": self.stream, "path": self.path, "reason": self.reason, "detail": self.detail, "rows": self.rows}
+        return {"stream": self.stream, "path": self.path, "reason": self.reason, "rule": self.rule,
+                "detail": self.detail, "rows": self.rows}
 
 
 @dataclass
@@ -107,46 +93,32 @@ class Inspected:
     rejects: list = field(default_factory=list)
 
 
-def _used_columns(stream) -> set:
-    used = set(stream.keys)
-    if stream.event_time.column:
-        used.add(stream.event_time.column)
-    return used
-
-
-def inspect_files(query, eq: EngineQuery, stream_files: dict) -> Inspected:
-    """Check every file's footer against its stream's declared columns."""
+def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.Seen | None = None) -> Inspected:
+    """The contract's file-level rules for every file (``stream_files``: stream -> paths, each stream's
+    in arrival order); ``seen``: the files accepted before (duplicates of them are rejected; the files
+    accepted here are added to it)."""
     out = Inspected()
-    for name, files in stream_files.items():
-        stream = query.stream(name)
-        used = _used_columns(stream) | {c for c, _ in eq.payload[name]}
-        for path in files:
-            try:
-                fs, p = fsutil.resolve(path)
-                with fs.open_input_file(p) as fh:
-                    meta = pq.ParquetFile(fh)
-                    schema, rows = meta.schema_arrow, meta.metadata.num_rows
-            except Exception as exc:  # not Parquet, truncated, unreadable: the file is rejected, never the job
-                out.rejects.append(FileReject(name, path, "bad_schema", f"not a readable Parquet file ({exc})", None))
-                continue
-            problems = []
-            for col, spec_type in stream.columns.items():
-                if col not in schema.names:
-                    problems.append(f"missing column {col}")
-                    continue
-                try:
-                    _read_type(schema.field(col).type)
-                except (ValueError, KeyError):
-                    problems.append(f"column {col} has type {schema.field(col).type}, which mjoin does not read")
-                    continue
-                if col in used and not _accepts(spec_type, _kind(schema.field(col).type)):
-                    problems.append(f"column {col} is {schema.field(col).type}, cannot be read as {spec_type}")
-            if problems:
-                out.rejects.append(FileReject(name, path, "bad_schema", "; ".join(problems), rows))
-                continue
-            sig = tuple((c, str(schema.field(c).type)) for c in sorted(stream.columns))
-            entry = out.groups.setdefault((name, sig), (schema, []))
-            entry[1].append(path)
+    items = [(path, query.stream(name), None) for name, files in stream_files.items() for path in files]
+    for facts in contract.inspect_all(items):
+        problem = facts.problem()
+        if problem is None and facts.schema is not None:
+            unread = [c for c in query.stream(facts.stream).columns if _arrow_info(facts.schema.field(c).type) is None]
+            if unread:  # allowed by the spec but not by Spark's Parquet reader (e.g. string views)
+                problem = ("input.schema_matches_spec", f"column(s) {', '.join(unread)} of a type Spark does not read")
+        if problem is None and seen is not None:
+            earlier = seen.duplicate_of(facts)
+            if earlier:
+                problem = ("input.no_duplicate_files", f"repeats {earlier[0]} ({earlier[1]})")
+        if problem is not None:
+            rule, detail = problem
+            out.rejects.append(FileReject(facts.stream, facts.path, contract.RULES[rule], detail, facts.rows, rule))
+            continue
+        if seen is not None:
+            seen.add(facts)
+        stream = query.stream(facts.stream)
+        sig = tuple((c, str(facts.schema.field(c).type)) for c in sorted(stream.columns))
+        entry = out.groups.setdefault((facts.stream, sig), (facts.schema, []))
+        entry[1].append(facts.path)
     return out
 
 
@@ -274,8 +246,8 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
 
     from pyspark.sql import functions as F
 
-    streams = [s for s, reasons in counts.items() if any(n for r, n in reasons.items() if r != "bad_schema")]
-    total = sum(n for s in streams for r, n in counts[s].items() if r != "bad_schema")
+    streams = [s for s, reasons in counts.items() if any(n for r, n in reasons.items() if r in ROW_REASONS)]
+    total = sum(n for s in streams for r, n in counts[s].items() if r in ROW_REASONS)
     if streams:
         bad = frame.where(F.col("_reason").isNotNull() & F.col("_s").isin([eq.index(s) for s in streams]))
         batch_col = F.col("_batch") if batch_id is None else F.lit(batch_id)

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from .. import fsutil
+from .. import contract, fsutil
 from ..plan import PlanError
 from ..registry import PlanRegistry, RegistryError
 from ..timeutil import iso
@@ -238,7 +238,8 @@ class StreamJob:
         marks = Watermarks.from_manifest(prev, eq.streams, eq.lateness_us)
         late_before = marks.watermark  # rows below the job's watermark when the batch starts are late
         compiled, switch, plan_error = self.plan_for_batch(batch_id, prev)
-        inspected = inspect_files(self.query, eq, files)
+        seen = contract.Seen(prev.get("seen_files", []) if prev else [])  # as committed before this batch
+        inspected = inspect_files(self.query, eq, files, seen)
         frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
         rows_in, counts, batch_max = {}, {}, {}
         if frame is not None:
@@ -254,16 +255,25 @@ class StreamJob:
         write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
         for rej in inspected.rejects:
             per = counts.setdefault(rej.stream, {})
-            per["bad_schema"] = per.get("bad_schema", 0) + (rej.rows or 0)
+            per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
         deltas = frame.where(F.col("_reason").isNull()).drop("_reason", "_file", "_raw") if frame is not None else None
         after = marks.advance(batch_max, eq.streams, eq.lateness_us, self.idle_us)
+        # duplicates are remembered while they could still double-count: until the job's watermark
+        # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
+        for f in seen.files:
+            if f.ts_max is None:
+                known = after.max_ts.get(f.stream)
+                f.ts_max = known / 1e6 if known is not None else 0.0
+        forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
         binput = BatchInput(deltas=deltas, rows_in=rows_in, quarantined=counts,
                             max_ts=max(batch_max.values(), default=None),
                             quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
         try:
             # the state is purged with the watermark the batch started with (safe: every accepted row of
             # this and later batches is at or above it), after every stage of the batch has probed
-            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, event_time=after.to_json(), extra={
+            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, manifest_extra={
+                "event_time": after.to_json(), "seen_files": seen.to_json()}, extra={
+                "files_remembered": len(seen.files), "files_forgotten": forgotten,
                 "plan_switch": switch, "plan_error": plan_error, "watermark": late_before,
                 "watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
                                "idle": list(after.idle)},

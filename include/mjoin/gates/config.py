@@ -13,16 +13,16 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..timeutil import parse_duration
+from ..contract import DEFAULT_POSITIONAL
 
 
 class GateConfigError(ValueError):
     """An override that names no threshold or has a value of the wrong kind."""
 
 
-#: file names the lake reuses in every arrival folder (``Lake.stream_file``: part-00000.parquet): such a name
-#: landed twice is not a duplicate; any other name (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is
-#: taken as unique to its file
-DEFAULT_POSITIONAL = r"part-\d+\.parquet"
+#: DEFAULT_POSITIONAL (mjoin.contract): file names the lake reuses in every arrival folder
+#: (``Lake.stream_file``: part-00000.parquet): such a name landed twice is not a duplicate; any other name
+#: (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is taken as unique to its file
 
 #: fields holding durations in seconds (accept "90s", "5m", ...)
 _DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback"}

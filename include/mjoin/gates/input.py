@@ -28,7 +28,6 @@ the driver; footers and hashes are still read with pyarrow.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -41,6 +40,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import fsutil
+from ..contract import (SAME_BYTES, SAME_NAME, SAME_ROWS, FileFacts, Seen, file_size, footer_fingerprint,  # noqa: F401
+                        schema_problems, to_epoch_seconds, type_problem)
+from ..contract import inspect as inspect_file
 from ..timeutil import cycles as cycle_starts
 from ..timeutil import iso, parse_duration, parse_time
 from .base import GateRun
@@ -48,56 +50,7 @@ from .config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
 from .result import GateResult
 from .suites import input_cycles_suite, input_files_suite
 
-_INT_BITS = {"short": 16, "int": 32, "long": 64}
-
-
 # ---- schema --------------------------------------------------------------------------------
-
-def type_problem(spec_type: str, arrow_type: pa.DataType) -> str | None:
-    """Why a Parquet column of ``arrow_type`` cannot hold the spec's ``spec_type`` (None if it can).
-
-    Integers may be narrower than declared (Spark widens them), never wider; strings may be
-    large strings; timestamps any unit and zone; decimals need the declared scale."""
-    t = spec_type
-    ok = False
-    if t in _INT_BITS:
-        if pa.types.is_integer(arrow_type):
-            bits = arrow_type.bit_width + (1 if pa.types.is_unsigned_integer(arrow_type) else 0)
-            ok = bits <= _INT_BITS[t]
-    elif t == "string":
-        ok = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or (
-            hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arrow_type))
-    elif t == "double":
-        ok = pa.types.is_floating(arrow_type)
-    elif t == "float":
-        ok = pa.types.is_floating(arrow_type) and arrow_type.bit_width <= 32
-    elif t == "boolean":
-        ok = pa.types.is_boolean(arrow_type)
-    elif t == "date":
-        ok = pa.types.is_date(arrow_type)
-    elif t == "timestamp":
-        ok = pa.types.is_timestamp(arrow_type)
-    elif t.startswith("decimal("):
-        p, s = (int(x) for x in t[len("decimal("):-1].split(","))
-        ok = pa.types.is_decimal(arrow_type) and arrow_type.scale == s and arrow_type.precision <= p
-    return None if ok else f"{arrow_type}, spec says {t}"
-
-
-def schema_problems(stream, schema: pa.Schema) -> tuple[str | None, str | None]:
-    """``(schema_problem, missing_keys)`` of a file's Arrow schema against the stream's declared columns."""
-    names = set(schema.names)
-    missing_keys = [k for k in stream.keys if k not in names]
-    problems = []
-    for c, t in stream.columns.items():
-        if c not in names:
-            if c not in stream.keys:
-                problems.append(f"missing column {c}")
-            continue
-        why = type_problem(t, schema.field(c).type)
-        if why:
-            problems.append(f"{c} is {why}")
-    return ("; ".join(problems) or None), (", ".join(missing_keys) or None)
-
 
 # ---- event time --------------------------------------------------------------------------------
 
@@ -186,26 +139,6 @@ def parse_event_times(arr, spark_pattern: str) -> np.ndarray:
     return to_epoch_seconds(us) / 1e6
 
 
-def to_epoch_seconds(arr) -> np.ndarray:
-    """Epoch seconds (float, NaN for NULL) of a timestamp, date or numeric (epoch seconds) Arrow array."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type
-    if pa.types.is_timestamp(t):
-        micros = pc.cast(pc.cast(arr, pa.timestamp("us", tz=t.tz)), pa.int64())
-        out = micros.to_numpy(zero_copy_only=False).astype("float64") / 1e6
-    elif pa.types.is_date(t):
-        days = pc.cast(pc.cast(arr, pa.date32()), pa.int32())
-        out = days.to_numpy(zero_copy_only=False).astype("float64") * 86400.0
-    elif pa.types.is_integer(t) or pa.types.is_floating(t):
-        out = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False).astype("float64")
-    else:
-        raise TypeError(f"event time of type {t} is not a timestamp, date or epoch seconds")
-    if arr.null_count:
-        out = np.where(arr.is_null().to_numpy(zero_copy_only=False), np.nan, out)
-    return out
-
-
 # ---- one file ----------------------------------------------------------------------------------
 
 def _stats_shortcut(md, schema: pa.Schema, keys: list[str], ts: str | None, lo: float, hi: float):
@@ -281,55 +214,34 @@ def unchecked_event_time(stream, spark: bool) -> str | None:
     return None
 
 
-def footer_fingerprint(md, schema: pa.Schema) -> str | None:
-    """A fingerprint of a file's rows from its footer alone: row count, column names and types, and every
-    column's NULL count, min and max over all row groups (the same rows written by another writer, with
-    another compression or row-group size, give the same fingerprint). None when a column chunk has no
-    statistics, or the file has no rows."""
-    if md.num_rows == 0:
-        return None
-    cols: dict = {}
-    for rg in range(md.num_row_groups):
-        g = md.row_group(rg)
-        for i in range(g.num_columns):
-            c = g.column(i)
-            st = c.statistics
-            if st is None or not st.has_null_count:
-                return None
-            entry = cols.setdefault(c.path_in_schema, [0, None, None])
-            entry[0] += st.null_count
-            if st.has_min_max:
-                entry[1] = st.min if entry[1] is None else min(entry[1], st.min)
-                entry[2] = st.max if entry[2] is None else max(entry[2], st.max)
-            elif st.null_count < g.num_rows:
-                return None
-    doc = [md.num_rows, [(f.name, str(f.type)) for f in schema], sorted((k, *map(repr, v)) for k, v in cols.items())]
-    return hashlib.sha256(repr(doc).encode()).hexdigest()
-
-
 def summarize_file(path: str, stream, lo: float, hi: float, *, scan: bool = True) -> dict:
-    """Footer, schema, fingerprint and (with ``scan``) NULL-key and event-time counts of one landed file."""
+    """The contract's file-level rules (:func:`mjoin.contract.inspect`: readable, key columns, schema, event
+    time, footer fingerprint) and, with ``scan``, NULL-key and event-time counts of one landed file."""
     out = {"rows": math.nan, "read_error": None, "schema_problem": None, "missing_keys": None,
-           "null_key_rows": math.nan, "late": math.nan, "future": math.nan, "ts_min": math.nan, "ts_max": math.nan,
-           "null_ts": math.nan, "shortcut": False, "scan_columns": (), "fingerprint": None}
+           "no_event_time": None, "null_key_rows": math.nan, "late": math.nan, "future": math.nan,
+           "ts_min": math.nan, "ts_max": math.nan, "null_ts": math.nan, "shortcut": False, "scan_columns": (),
+           "fingerprint": None}
+    facts = inspect_file(path, stream)
+    out.update(read_error=facts.read_error, schema_problem=facts.schema_problem, missing_keys=facts.missing_keys,
+               no_event_time=facts.no_event_time, fingerprint=facts.fingerprint)
+    if facts.read_error:
+        return out
+    out["rows"] = facts.rows
     fmt = stream.event_time.format
+    schema = facts.schema
+    keys, ts = usable_columns(stream, schema)
+    if stream.event_time.expr is not None:  # the expression may read any column: Spark reads them all
+        out["scan_columns"] = tuple((f.name, str(f.type)) for f in schema)
+    else:
+        skeys, sts = usable_columns(stream, schema, spark=True)
+        out["scan_columns"] = tuple((c, str(schema.field(c).type)) for c in skeys + ([sts] if sts else []))
+    if not scan:
+        return out
     fs, p = fsutil.resolve(path)
     try:
         with fs.open_input_file(p) as fh:
             pf = pq.ParquetFile(fh)
-            schema = pf.schema_arrow
             md = pf.metadata
-            out["rows"] = md.num_rows
-            out["fingerprint"] = footer_fingerprint(md, schema)
-            out["schema_problem"], out["missing_keys"] = schema_problems(stream, schema)
-            keys, ts = usable_columns(stream, schema)
-            if stream.event_time.expr is not None:  # the expression may read any column: Spark reads them all
-                out["scan_columns"] = tuple((f.name, str(f.type)) for f in schema)
-            else:
-                skeys, sts = usable_columns(stream, schema, spark=True)
-                out["scan_columns"] = tuple((c, str(schema.field(c).type)) for c in skeys + ([sts] if sts else []))
-            if not scan:
-                return out
             # footer min/max settle the event times of a time column, not of strings in a pattern
             null_key_rows, ts_part = _stats_shortcut(md, schema, keys, ts if fmt is None else None, lo, hi)
             need = ([k for k in keys] if keys and null_key_rows is None else []) + ([ts] if ts and ts_part is None else [])
@@ -369,70 +281,24 @@ def file_fingerprint(path: str) -> tuple[int | None, str | None]:
         return None, None
 
 
-def content_hash(path: str, chunk: int = 1 << 20) -> str:
-    fs, p = fsutil.resolve(path)
-    h = hashlib.sha256()
-    with fs.open_input_stream(p) as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
-
-
-def _size(path: str) -> int | None:
-    fs, p = fsutil.resolve(path)
-    info = fs.get_file_info(p)
-    return info.size if info.size is not None and info.size >= 0 else None
-
-
-SAME_BYTES, SAME_NAME, SAME_ROWS = "same bytes", "same file name", "same rows (footer: row count, schema, column min/max/NULLs)"
-
-
 def find_duplicates(files: list[dict], positional_names: str = DEFAULT_POSITIONAL) -> dict:
     """``{path: (earlier label, kind)}`` for files that repeat an earlier one of ``files`` (dicts with
-    ``path``, ``label``, ``rows``, ``fingerprint``, in landing order): the same bytes (only files of equal
-    size are hashed), the same file name unless it matches ``positional_names`` (names the lake reuses
-    every cycle), or the same footer fingerprint. Files without rows are never duplicates by name or
-    fingerprint (they cannot double-count a join)."""
-    by_size = defaultdict(list)
+    ``path``, ``label``, ``rows``, ``fingerprint``, in landing order), by the contract's rule
+    (:class:`mjoin.contract.Seen`: same bytes, same non-positional name, same footer fingerprint)."""
+    seen = Seen(positional=positional_names)
+    dup = {}
     for f in files:
         try:
-            by_size[_size(f["path"])].append(f)
+            size = file_size(f["path"])
         except OSError:
-            continue
-    dup = {}
-    for size, group in by_size.items():
-        if size is None or len(group) < 2:
-            continue
-        first = {}
-        for f in group:
-            try:
-                digest = content_hash(f["path"])
-            except OSError:
-                continue
-            if digest in first:
-                dup[f["path"]] = (first[digest], SAME_BYTES)
-            else:
-                first[digest] = f["label"]
-    positional = re.compile(positional_names)
-    names, prints = {}, {}
-    for f in files:
-        if f["path"] in dup or not f.get("rows"):
-            continue
-        name = f["path"].rstrip("/").rsplit("/", 1)[-1]
-        if not positional.fullmatch(name):
-            if name in names:
-                dup[f["path"]] = (names[name], SAME_NAME)
-                continue
-            names[name] = f["label"]
-        fp = f.get("fingerprint")
-        if fp:
-            if fp in prints:
-                dup[f["path"]] = (prints[fp], SAME_ROWS)
-                continue
-            prints[fp] = f["label"]
+            size = None
+        facts = FileFacts(path=f["path"], stream="", size=size, rows=None if _nan(f.get("rows")) else f.get("rows"),
+                          fingerprint=f.get("fingerprint"))
+        earlier = seen.duplicate_of(facts)
+        if earlier:
+            dup[f["path"]] = earlier
+        else:
+            seen.add(facts, label=f["label"])
     return dup
 
 
@@ -481,7 +347,7 @@ def _totals(rows: list[dict]) -> dict:
 
 
 FILE_COLUMNS = ["where", "stream", "arrival", "cycle", "rows", "read_error", "schema_problem", "missing_keys",
-                "duplicate_of", "duplicate_kind", "null_key_rows", "late", "future", "ts_min", "ts_max", "null_ts",
+                "no_event_time", "duplicate_of", "duplicate_kind", "null_key_rows", "late", "future", "ts_min", "ts_max", "null_ts",
                 "footer_only"]
 
 
@@ -542,7 +408,8 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
             dup_of, dup_kind = dups.get(p, (None, None))
             row = {"where": _rel(lake, p), "stream": s.name, "arrival": iso(a), "cycle": iso(starts[min(i, len(starts) - 1)]),
                    "cycle_index": i, "rows": x["rows"], "read_error": x["read_error"],
-                   "schema_problem": x["schema_problem"], "missing_keys": x["missing_keys"], "duplicate_of": dup_of,
+                   "schema_problem": x["schema_problem"], "missing_keys": x["missing_keys"],
+                   "no_event_time": x["no_event_time"], "duplicate_of": dup_of,
                    "duplicate_kind": dup_kind, "null_key_rows": x["null_key_rows"], "late": x["late"],
                    "future": x["future"], "ts_min": x["ts_min"], "ts_max": x["ts_max"], "null_ts": x["null_ts"],
                    "footer_only": x["shortcut"]}

@@ -37,6 +37,8 @@ _doc("input.files_readable", "every landed Parquet file of the interval can be o
 _doc("input.schema_matches_spec", "every declared column of the stream is present with a type compatible with the spec "
                                   "(key columns: see input.key_columns_present)")
 _doc("input.key_columns_present", "every join-key column of the stream is present in the file")
+_doc("input.event_time_parseable", "a file with rows has an event time on at least one of them (a file whose every "
+                                   "event time is NULL is rejected whole)")
 _doc("input.no_duplicate_files", "no file repeats another file of the stream landed in the interval or in the "
                                  "lookback before it: same bytes, same (non-positional) file name, or same rows by "
                                  "the footer fingerprint")
@@ -52,7 +54,8 @@ _doc("input.stream_flows_when_expected", "every stream not in quiet_streams land
 
 def input_files_suite(query, cfg):
     """Frame ``files``: one row per landed file of the interval (where = path in the lake, stream,
-    arrival, cycle, rows, read_error, schema_problem, missing_keys, duplicate_of, duplicate_kind)."""
+    arrival, cycle, rows, read_error, schema_problem, missing_keys, no_event_time, duplicate_of,
+    duplicate_kind): the file-level rules of the landing contract (:mod:`mjoin.contract`)."""
     return make_suite(f"mjoin.input.files.{query.name}", [
         expect("ExpectColumnValuesToBeNull", "input.files_readable", "an unreadable file cannot be joined",
                "{where}: {read_error}", column="read_error"),
@@ -61,6 +64,8 @@ def input_files_suite(query, cfg):
                "{where}: {schema_problem}", column="schema_problem"),
         expect("ExpectColumnValuesToBeNull", "input.key_columns_present", "a tuple without its join key cannot be joined",
                "{where}: missing key column(s) {missing_keys}", column="missing_keys"),
+        expect("ExpectColumnValuesToBeNull", "input.event_time_parseable", "a tuple without an event time has no window",
+               "{where}: {no_event_time}", column="no_event_time"),
         expect("ExpectColumnValuesToBeNull", "input.no_duplicate_files",
                "a file landed twice double-counts every join result it takes part in",
                "{where} duplicates {duplicate_of} ({duplicate_kind})", column="duplicate_of"),

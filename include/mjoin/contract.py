@@ -1,0 +1,332 @@
+"""The landing contract's file-level rules: one module, used by the input gate and by the join engine.
+
+A landed file is joined only if it passes every rule below; otherwise the engine quarantines it
+whole (interval and streaming mode alike) and the gate fails with the same rule's name, so the two
+can never disagree (issue 20: the engine once joined a duplicate file and cast a string-key file
+that the gate rejected). The checks read only the Parquet footer (schema, row count, row-group
+statistics), plus the bytes of a file whose size equals an earlier file's (content duplicates).
+
+| rule (gate expectation)       | quarantine reason | the file is rejected when ...                              |
+|-------------------------------|-------------------|------------------------------------------------------------|
+| ``input.files_readable``      | ``unreadable``    | it is not a readable Parquet file (truncated, not Parquet)   |
+| ``input.key_columns_present`` | ``missing_key``   | a join-key column of its stream is missing                  |
+| ``input.schema_matches_spec`` | ``schema_mismatch`` | a declared column is missing or has a type the spec does not allow (:func:`type_problem`) |
+| ``input.event_time_parseable``| ``no_event_time`` | it has rows and every one has a NULL event time (footer statistics) |
+| ``input.no_duplicate_files``  | ``duplicate_file`` | it repeats an earlier file of its stream: the same bytes, the same (non-positional) file name, or the same rows by the footer fingerprint |
+
+Rows of an accepted file can still be quarantined one by one (NULL key, unparseable event time,
+late): :mod:`mjoin.engine.normalize`.
+
+Duplicates are judged against :class:`Seen`, the files accepted before (the engine keeps it with
+its state, so it survives restarts; the gate fills it from the interval and its lookback).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import fsutil
+
+#: rule -> quarantine reason (what the engine's metrics count, per stream and batch)
+RULES = {
+    "input.files_readable": "unreadable",
+    "input.key_columns_present": "missing_key",
+    "input.schema_matches_spec": "schema_mismatch",
+    "input.event_time_parseable": "no_event_time",
+    "input.no_duplicate_files": "duplicate_file",
+}
+FILE_REASONS = tuple(RULES.values())
+#: file names the lake reuses in every arrival folder: never duplicates by name alone
+DEFAULT_POSITIONAL = r"part-\d+\.parquet"
+SAME_BYTES, SAME_NAME, SAME_ROWS = "same bytes", "same file name", "same rows (footer: row count, schema, column min/max/NULLs)"
+_INT_BITS = {"short": 16, "int": 32, "long": 64}
+
+
+# ---- schema --------------------------------------------------------------------------------
+
+def type_problem(spec_type: str, arrow_type: pa.DataType) -> str | None:
+    """Why a Parquet column of ``arrow_type`` cannot hold the spec's ``spec_type`` (None if it can).
+
+    Integers may be narrower than declared (Spark widens them), never wider; strings may be
+    large strings; timestamps any unit and zone; decimals need the declared scale."""
+    t = spec_type
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    ok = False
+    if t in _INT_BITS:
+        if pa.types.is_integer(arrow_type):
+            bits = arrow_type.bit_width + (1 if pa.types.is_unsigned_integer(arrow_type) else 0)
+            ok = bits <= _INT_BITS[t]
+    elif t == "string":
+        ok = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or (
+            hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arrow_type))
+    elif t == "double":
+        ok = pa.types.is_floating(arrow_type)
+    elif t == "float":
+        ok = pa.types.is_floating(arrow_type) and arrow_type.bit_width <= 32
+    elif t == "boolean":
+        ok = pa.types.is_boolean(arrow_type)
+    elif t == "date":
+        ok = pa.types.is_date(arrow_type)
+    elif t == "timestamp":
+        ok = pa.types.is_timestamp(arrow_type)
+    elif t.startswith("decimal("):
+        p, s = (int(x) for x in t[len("decimal("):-1].split(","))
+        ok = pa.types.is_decimal(arrow_type) and arrow_type.scale == s and arrow_type.precision <= p
+    return None if ok else f"{arrow_type}, spec says {t}"
+
+
+def schema_problems(stream, schema: pa.Schema) -> tuple[str | None, str | None]:
+    """``(schema_problem, missing_keys)`` of a file's Arrow schema against the stream's declared columns."""
+    names = set(schema.names)
+    missing_keys = [k for k in stream.keys if k not in names]
+    problems = []
+    for c, t in stream.columns.items():
+        if c not in names:
+            if c not in stream.keys:
+                problems.append(f"missing column {c}")
+            continue
+        why = type_problem(t, schema.field(c).type)
+        if why:
+            problems.append(f"{c} is {why}")
+    return ("; ".join(problems) or None), (", ".join(missing_keys) or None)
+
+
+# ---- footers -------------------------------------------------------------------------------
+
+def footer_fingerprint(md, schema: pa.Schema) -> str | None:
+    """A fingerprint of a file's rows from its footer alone: row count, column names and types, and every
+    column's NULL count, min and max over all row groups (the same rows written by another writer, with
+    another compression or row-group size, give the same fingerprint). None when a column chunk has no
+    statistics, or the file has no rows."""
+    if md.num_rows == 0:
+        return None
+    cols: dict = {}
+    for rg in range(md.num_row_groups):
+        g = md.row_group(rg)
+        for i in range(g.num_columns):
+            c = g.column(i)
+            st = c.statistics
+            if st is None or not st.has_null_count:
+                return None
+            entry = cols.setdefault(c.path_in_schema, [0, None, None])
+            entry[0] += st.null_count
+            if st.has_min_max:
+                entry[1] = st.min if entry[1] is None else min(entry[1], st.min)
+                entry[2] = st.max if entry[2] is None else max(entry[2], st.max)
+            elif st.null_count < g.num_rows:
+                return None
+    doc = [md.num_rows, [(f.name, str(f.type)) for f in schema], sorted((k, *map(repr, v)) for k, v in cols.items())]
+    return hashlib.sha256(repr(doc).encode()).hexdigest()
+
+
+def to_epoch_seconds(arr) -> np.ndarray:
+    """Epoch seconds (float, NaN for NULL) of a timestamp, date or numeric (epoch seconds) Arrow array."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_timestamp(t):
+        micros = pc.cast(pc.cast(arr, pa.timestamp("us", tz=t.tz)), pa.int64())
+        out = micros.to_numpy(zero_copy_only=False).astype("float64") / 1e6
+    elif pa.types.is_date(t):
+        days = pc.cast(pc.cast(arr, pa.date32()), pa.int32())
+        out = days.to_numpy(zero_copy_only=False).astype("float64") * 86400.0
+    elif pa.types.is_integer(t) or pa.types.is_floating(t):
+        out = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False).astype("float64")
+    else:
+        raise TypeError(f"event time of type {t} is not a timestamp, date or epoch seconds")
+    if arr.null_count:
+        out = np.where(arr.is_null().to_numpy(zero_copy_only=False), np.nan, out)
+    return out
+
+
+def _event_time_stats(md, schema: pa.Schema, column: str | None) -> tuple[int | None, float | None]:
+    """``(NULL count, max in epoch seconds)`` of a plain event-time column from the footer statistics
+    (None where the footer does not tell)."""
+    if column is None or column not in schema.names:
+        return None, None
+    names = [md.schema.column(i).path for i in range(md.num_columns)]
+    if column not in names:
+        return None, None
+    nulls, hi = 0, None
+    for rg in range(md.num_row_groups):
+        st = md.row_group(rg).column(names.index(column)).statistics
+        if st is None or not st.has_null_count:
+            return None, None
+        nulls += st.null_count
+        if st.has_min_max:
+            hi = st.max if hi is None else max(hi, st.max)
+    ts_max = None
+    if hi is not None:
+        try:
+            v = to_epoch_seconds(pa.array([hi], type=schema.field(column).type))[0]
+            ts_max = float(v) if math.isfinite(v) else None
+        except (TypeError, ValueError, pa.ArrowException):
+            ts_max = None
+    return nulls, ts_max
+
+
+@dataclass
+class FileFacts:
+    """What the footer says about one landed file, and the rules it breaks (duplicates aside)."""
+
+    path: str
+    stream: str
+    size: int | None = None
+    rows: int | None = None
+    fingerprint: str | None = None
+    read_error: str | None = None
+    schema_problem: str | None = None
+    missing_keys: str | None = None
+    no_event_time: str | None = None
+    ts_max: float | None = None  # epoch seconds, from the footer (None: not known)
+    schema: pa.Schema | None = field(default=None, repr=False)
+
+    def problem(self) -> tuple[str, str] | None:
+        """``(rule, detail)`` of the first rule the file breaks, in the table's order (None: it passes)."""
+        if self.read_error:
+            return "input.files_readable", self.read_error
+        if self.missing_keys:
+            return "input.key_columns_present", f"missing key column(s) {self.missing_keys}"
+        if self.schema_problem:
+            return "input.schema_matches_spec", self.schema_problem
+        if self.no_event_time:
+            return "input.event_time_parseable", self.no_event_time
+        return None
+
+
+def inspect(path: str, stream, size: int | None = None) -> FileFacts:
+    """Footer, schema and the file-level rules of one landed file of ``stream`` (a query spec stream)."""
+    out = FileFacts(path=path, stream=stream.name, size=size)
+    fs, p = fsutil.resolve(path)
+    try:
+        with fs.open_input_file(p) as fh:
+            if out.size is None:
+                out.size = fh.size()
+            pf = pq.ParquetFile(fh)
+            schema, md = pf.schema_arrow, pf.metadata
+    except Exception as exc:  # not Parquet, truncated, unreadable: the file is rejected, never the job
+        out.read_error = f"not a readable Parquet file ({type(exc).__name__}: {exc})"
+        return out
+    out.schema, out.rows = schema, md.num_rows
+    out.fingerprint = footer_fingerprint(md, schema)
+    out.schema_problem, out.missing_keys = schema_problems(stream, schema)
+    et = stream.event_time
+    plain = et.column if et.expr is None else None
+    nulls, ts_max = _event_time_stats(md, schema, plain)
+    out.ts_max = ts_max if et.format is None else None
+    if md.num_rows and nulls is not None and nulls == md.num_rows:
+        out.no_event_time = f"all {md.num_rows} rows have a NULL event time ({plain})"
+    return out
+
+
+def inspect_all(items, threads: int = 8) -> list[FileFacts]:
+    """:func:`inspect` of ``[(path, stream, size or None), ...]`` with a few threads (footer reads are
+    I/O: on HDFS or S3 one takes tens of milliseconds), in the order given."""
+    items = list(items)
+    if len(items) <= 2:
+        return [inspect(*it) for it in items]
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
+        return list(pool.map(lambda it: inspect(*it), items))
+
+
+def content_hash(path: str, chunk: int = 1 << 20) -> str:
+    fs, p = fsutil.resolve(path)
+    h = hashlib.sha256()
+    with fs.open_input_stream(p) as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_size(path: str) -> int | None:
+    fs, p = fsutil.resolve(path)
+    info = fs.get_file_info(p)
+    return info.size if info.size is not None and info.size >= 0 else None
+
+
+# ---- duplicates ----------------------------------------------------------------------------
+
+@dataclass
+class SeenFile:
+    path: str
+    label: str
+    stream: str
+    size: int | None
+    rows: int | None
+    fingerprint: str | None
+    ts_max: float | None = None  # epoch seconds: forget the file once the job's watermark passes it
+    sha256: str | None = None
+
+
+class Seen:
+    """Files accepted so far, per stream, to recognise a file that lands again (``input.no_duplicate_files``):
+    the same bytes (only files of equal size are hashed), the same file name unless it matches
+    ``positional`` (names the lake reuses every cycle), or the same rows by the footer fingerprint.
+    Files without rows are never duplicates by name or fingerprint (they cannot double-count a join)."""
+
+    def __init__(self, files=(), positional: str = DEFAULT_POSITIONAL):
+        self.files: list[SeenFile] = [f if isinstance(f, SeenFile) else SeenFile(**f) for f in files]
+        self.positional = re.compile(positional)
+
+    def duplicate_of(self, facts: FileFacts, label: str | None = None) -> tuple[str, str] | None:
+        """``(label of the earlier file, kind)`` if ``facts`` repeats a remembered file of its stream."""
+        same = [f for f in self.files if f.stream == facts.stream and f.path != facts.path]
+        if facts.size is not None:
+            sized = [f for f in same if f.size == facts.size]
+            if sized:
+                try:
+                    digest = content_hash(facts.path)
+                except OSError:
+                    digest = None
+                for f in sized:
+                    if digest is None:
+                        break
+                    if f.sha256 is None:
+                        try:
+                            f.sha256 = content_hash(f.path)
+                        except OSError:
+                            continue  # the earlier file is gone: only its fingerprint can tell
+                    if f.sha256 == digest:
+                        return f.label, SAME_BYTES
+        if not facts.rows:
+            return None
+        name = facts.path.rstrip("/").rsplit("/", 1)[-1]
+        if not self.positional.fullmatch(name):
+            for f in same:
+                if f.rows and f.path.rstrip("/").rsplit("/", 1)[-1] == name:
+                    return f.label, SAME_NAME
+        if facts.fingerprint:
+            for f in same:
+                if f.rows and f.fingerprint == facts.fingerprint:
+                    return f.label, SAME_ROWS
+        return None
+
+    def add(self, facts: FileFacts, label: str | None = None, ts_max: float | None = None) -> None:
+        self.files.append(SeenFile(path=facts.path, label=label or facts.path, stream=facts.stream, size=facts.size,
+                                   rows=facts.rows, fingerprint=facts.fingerprint,
+                                   ts_max=facts.ts_max if ts_max is None else ts_max))
+
+    def forget_before(self, watermark_seconds: float | None) -> int:
+        """Forget files whose every row is below the job's watermark: a duplicate of them now would be
+        quarantined as late row by row, so it can no longer double-count a result. Returns how many."""
+        if watermark_seconds is None:
+            return 0
+        keep = [f for f in self.files if f.ts_max is None or f.ts_max >= watermark_seconds]
+        gone = len(self.files) - len(keep)
+        self.files = keep
+        return gone
+
+    def to_json(self) -> list:
+        return [asdict(f) for f in self.files]
