@@ -77,16 +77,10 @@ def schedule(domain: int, window: float, mu_hot: float, mu_mid: float, rare_shar
 
 
 def fingerprint(results_path: str) -> dict:
-    """Order-independent fingerprint of the result rows: count and the sum (mod 2^64) of row hashes."""
-    import numpy as np
-    import pandas as pd
+    """Order-independent fingerprint of the result rows (:func:`mjoin.engine.results.result_fingerprint`)."""
+    from mjoin.engine.results import result_fingerprint
 
-    from mjoin.engine.results import read_results_arrow
-
-    df = read_results_arrow(results_path).to_pandas()
-    df = df[sorted(df.columns)]
-    h = pd.util.hash_pandas_object(df, index=False).to_numpy(dtype=np.uint64)
-    return {"rows": int(len(df)), "hash_sum": f"{int(h.sum(dtype=np.uint64)):016x}"}
+    return result_fingerprint(results_path)
 
 
 def plan_key(plan) -> str:

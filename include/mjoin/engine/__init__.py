@@ -14,7 +14,7 @@ Public API (see docs/engine.md)::
 from .config import EngineConfig, EngineError
 from .interval import RunSummary, run_interval
 from .metrics import read_metrics
-from .results import committed_batches, read_results
+from .results import committed_batches, read_results, result_fingerprint
 
 
 def run_stream(*args, **kwargs):
@@ -33,4 +33,4 @@ def __getattr__(name):
 
 
 __all__ = ["EngineConfig", "EngineError", "RunSummary", "StreamSummary", "run_interval", "run_stream",
-           "read_metrics", "read_results", "committed_batches"]
+           "read_metrics", "read_results", "committed_batches", "result_fingerprint"]

@@ -43,9 +43,9 @@ from ..timeutil import iso
 from .compiled import CompiledPlan, EngineQuery, key_name
 from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
-from .metrics import shuffle_bytes, write_record
+from .metrics import shuffle_bytes, stage_times, write_record
 from .normalize import REASONS
-from .operator import BucketContext, process_bucket
+from .operator import KIND_REJECT, BucketContext, process_bucket
 from .results import write_parquet
 from .state import StateStore, file_key, load_state, persist_state
 
@@ -132,21 +132,69 @@ def _partition_id() -> int:
 
 @dataclass
 class BatchInput:
-    """The validated new tuples of one batch and what was rejected."""
+    """The new tuples of one batch and what was rejected before them.
 
-    deltas: object  # Spark DataFrame of frame rows (_kind, _s, _ts, _k_*, payload), or None
-    #: or, instead of ``deltas``: the stage-1 input already routed to (class, bucket) with its ticks
-    #: and partitioned by (_c, _b) (interval runs route the whole interval once)
+    One of: ``frame``, the normalised rows of the batch's files with ``_reason`` (:func:`mjoin.engine.
+    normalize.normalize_streams`: accepted rows and rejected ones, which the tasks write to the
+    quarantine); ``deltas``, accepted rows only; ``routed``, the stage-1 input already routed to
+    (class, bucket) with its ticks and partitioned by (_c, _b) (interval runs route the whole interval
+    once). ``rows_in``, ``max_ts`` and the row-level ``quarantined`` counts are filled in from the
+    tasks' reports when the batch has run; ``quarantined`` holds the file-level ones from the start."""
+
+    deltas: object = None
     routed: object = None
+    frame: object = None
     rows_in: dict = field(default_factory=dict)  # stream -> valid rows
     quarantined: dict = field(default_factory=dict)  # stream -> reason -> rows
     max_ts: int | None = None  # max event time among the valid rows
+    max_ts_by_stream: dict = field(default_factory=dict)  # stream -> max event time of its valid rows
     quarantined_files: list = field(default_factory=list)
     files: int = 0
 
+    def add_reports(self, docs) -> "BatchInput":
+        """Fold the tasks' counts (stage-1 ``rows_in``/``max_ts``, ``rejects``) into this input."""
+        from .normalize import add_counts
+
+        for d in docs:
+            if "rejects" in d:
+                add_counts(self.quarantined, d["rejects"])
+            elif d.get("stage") == 1 and "rows_in" in d:
+                for s, n in d["rows_in"].items():
+                    self.rows_in[s] = self.rows_in.get(s, 0) + n
+                for s, v in d["max_ts"].items():
+                    self.max_ts_by_stream[s] = max(v, self.max_ts_by_stream.get(s, v))
+        if self.max_ts_by_stream:
+            self.max_ts = max(self.max_ts_by_stream.values())
+        return self
+
+
+def _split_rejects(t: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """A task's rows without the rejected ones, and the rejected ones (None if there are none)."""
+    kind = np.asarray(t.column("_kind").to_numpy(zero_copy_only=False), dtype=np.int8)
+    bad = kind == KIND_REJECT
+    if not bad.any():
+        return t, None
+    return t.filter(pa.array(~bad)), t.filter(pa.array(bad))
+
+
+def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: int, tag: str) -> dict:
+    """Rejected rows to ``<quarantine>/<stream>/rows/batch=<B>/part-<tag>.parquet`` (reason, file, row);
+    returns stream -> reason -> rows."""
+    s_idx = np.asarray(rej.column("_s").to_numpy(zero_copy_only=False), dtype=np.int64)
+    counts: dict = {}
+    for si in np.unique(s_idx):
+        part = rej.filter(pa.array(s_idx == si))
+        stream = streams[int(si)]
+        write_parquet(fsutil.join(quarantine_root, stream, "rows", f"batch={batch}", f"part-{tag}.parquet"),
+                      pa.table({"reason": part.column("_reason"), "file": part.column("_file"),
+                                "row": part.column("_raw")}))
+        reasons, n = np.unique(np.asarray(part.column("_reason").to_pylist(), dtype=object), return_counts=True)
+        counts[stream] = {str(r): int(c) for r, c in zip(reasons, n)}
+    return counts
+
 
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
-                cache_bytes: int, classes: tuple):
+                cache_bytes: int, classes: tuple, quarantine_root: str):
     """The mapInArrow function of one stage of one batch (runs in Python workers)."""
 
     def run(batches):
@@ -155,6 +203,12 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             return
         t = pa.concat_tables(tables).combine_chunks()
         part = _partition_id()
+        t, rejected = _split_rejects(t)
+        if rejected is not None:
+            counts = _write_rejects(rejected, quarantine_root, ctx.eq.streams, ctx.batch_id, f"p{part:05d}")
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": ctx.batch_id})]})
+        if not t.num_rows:
+            return
         results, partials, docs = [], [], []
         for ci, bucket, rows in _buckets_of(t):
             cls = classes[ci]
@@ -196,7 +250,8 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
 
 
 def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_root: str, partials_dir: str,
-                    cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None):
+                    cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None,
+                    quarantine_root: str, warmup: int | None = None):
     """The mapInArrow function of one stage of a pipelined interval run: the task's rows of every
     batch arrive sorted by ``_batch``; each complete batch is run bucket by bucket against the
     state the task keeps in memory (loaded once from the committed state before the first batch).
@@ -211,7 +266,13 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
         partials: list = []
 
         def one_batch(b: int, t: pa.Table):
-            bctx = replace(ctx, batch_id=b, purge_bound=purge_bounds[b])
+            bctx = replace(ctx, batch_id=b, purge_bound=purge_bounds[b], emit=b != warmup)
+            t, rejected = _split_rejects(t)
+            if rejected is not None:
+                counts = _write_rejects(rejected, quarantine_root, ctx.eq.streams, b, f"p{part:05d}")
+                yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": b})]})
+            if not t.num_rows:
+                return
             results, docs = [], []
             for ci, bucket, rows in _buckets_of(t):
                 cls = classes[ci]
@@ -308,6 +369,7 @@ class BatchRunner:
         self.store = StateStore(out_lake.state(query.name))
         self.results_root = out_lake.results(query.name)
         self.metrics_dir = out_lake.metrics(query.name)
+        self.quarantine_root = out_lake.quarantine(query.name)
         self.frame_schema = spark_frame_schema(self.eq)
         self.arrow_schema = arrow_frame_schema(self.eq)
         self.result_schema = arrow_result_schema(self.eq)
@@ -333,6 +395,37 @@ class BatchRunner:
         for p in parts[1:]:
             out = out.unionByName(p)
         return out
+
+    def route_frame(self, frame, keep=()):
+        """A normalised frame (accepted and rejected rows) routed for stage 1 (without ticks), in one
+        projection over one scan of the files: an accepted row once per attribute class of its stream
+        (``_kind`` 1, its key's bucket), a rejected row once (``_kind`` 3, one bucket per stream). A union
+        of two filters would read and normalise every file twice."""
+        from pyspark.sql import functions as F
+
+        frame = self.conform(frame, keep)
+        nb = self.config.buckets
+        ok = F.col("_reason").isNull()
+        if len(self.eq.classes) == 1:
+            k = key_name(self.eq.classes[0])
+            c = F.lit(0)
+        else:
+            classes = F.array(*[F.when(ok & F.col(key_name(cl)).isNotNull(), F.lit(ci))
+                                for ci, cl in enumerate(self.eq.classes)])
+            frame = frame.withColumn("_c", F.explode(F.when(ok, classes).otherwise(F.array(F.lit(0))))) \
+                .where(F.col("_c").isNotNull())
+            c = F.col("_c")
+            k = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(cl)}" for i, cl in enumerate(self.eq.classes)) + " END"
+        return (frame.withColumn("_kind", F.when(ok, F.lit(1)).otherwise(F.lit(KIND_REJECT)).cast("tinyint"))
+                .withColumn("_c", c.cast("int"))
+                .withColumn("_b", F.when(ok, F.expr(f"pmod({k}, {nb})")).otherwise(F.expr(f"pmod(_s, {nb})"))
+                            .cast("int")))
+
+    def clear_quarantined_rows(self, batches) -> None:
+        """Remove the quarantined rows of ``batches`` (a re-run writes them again, never twice)."""
+        for stream in self.eq.streams:
+            for b in batches:
+                fsutil.remove(fsutil.join(self.quarantine_root, stream, "rows", f"batch={b}"))
 
     def ticks(self, batches=None):
         """One tick row per (class, bucket) (per batch in ``batches``, as column ``_batch``)."""
@@ -360,12 +453,14 @@ class BatchRunner:
     # ---- one batch ----------------------------------------------------------------------------
     def run(self, batch_id: int, binput: BatchInput, plan: CompiledPlan, *, purge_bound: int | None,
             emit: bool = True, extra: dict | None = None, write_metrics: bool = True,
-            manifest_extra: dict | None = None) -> dict:
+            after_tasks=None) -> dict:
         """Run one batch and commit it. ``purge_bound``: every row of this and later batches has
         ``ts >= purge_bound`` (state tuples that can join none of them go after the batch);
-        ``manifest_extra``: what the streaming job keeps with the state from batch to batch
-        (``event_time``: its watermarks, :class:`mjoin.engine.watermark.Watermarks`; ``seen_files``:
-        the files it accepted, :class:`mjoin.contract.Seen`), committed with it."""
+        ``after_tasks(binput) -> (manifest fields, record fields)``: called when the tasks are done, with
+        the batch's input holding their counts (:meth:`BatchInput.add_reports`), before the commit: what
+        the streaming job keeps with the state from batch to batch (``event_time``: its watermarks,
+        :class:`mjoin.engine.watermark.Watermarks`; ``seen_files``: the files it accepted,
+        :class:`mjoin.contract.Seen`) and what it adds to the batch's metrics."""
         spark, eq, cfg = self.spark, self.eq, self.config
         started = datetime.now(timezone.utc)
         t_batch = time.perf_counter()
@@ -386,9 +481,14 @@ class BatchRunner:
         ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
                             batch_id=batch_id, stage=1, buckets=cfg.buckets, emit=emit, purge_bound=purge_bound,
                             prefilter_accounting=cfg.prefilter_accounting)
+        self.clear_quarantined_rows([batch_id])
         if binput.routed is not None:
             stage_input = binput.routed
             routed = binput.routed.where("_kind = 1")
+        elif binput.frame is not None:
+            first = self.route_frame(binput.frame)
+            routed = first.where("_kind = 1")
+            stage_input = self.partitioned(first.unionByName(self.ticks()))
         else:
             deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
             routed = self.route(deltas)
@@ -399,11 +499,13 @@ class BatchRunner:
         while True:
             t0 = time.perf_counter()
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
-                             eq.classes)
+                             eq.classes, self.quarantine_root)
             mapped = stage_input.mapInArrow(fn, "doc string")
             physical[f"stage{stage}"] = physical_info(mapped)
             rows = mapped.collect()
             stage_docs = [json.loads(r.doc) for r in rows]
+            binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
+            stage_docs = [d for d in stage_docs if "rejects" not in d]
             docs += stage_docs
             stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
             partials = sum(c["partials"] for d in stage_docs for c in d["chains"])
@@ -435,10 +537,11 @@ class BatchRunner:
                     "watermark": None if max_ts is None else max_ts - eq.lateness_us,
                     "plan_version": plan.version, "plan_source": plan.source, "files": files,
                     "mode": self.mode}
-        manifest.update(manifest_extra or {})
+        more_manifest, more_record = after_tasks(binput) if after_tasks is not None else ({}, {})
+        manifest.update(more_manifest)
         if "event_time" in manifest:
             manifest["watermark"] = manifest["event_time"].get("watermark")
-        record = self._record(batch_id, binput, plan, docs, started, extra or {})
+        record = self._record(batch_id, binput, plan, docs, started, {**(extra or {}), **more_record})
         manifest["tuples"] = record["state_tuples"]
         manifest["keys"] = record["state_keys"]
         self.store.commit(manifest)
@@ -462,7 +565,7 @@ class BatchRunner:
 
     # ---- every batch of an interval, one Spark job per stage ----------------------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
-                      extras: dict | None = None, write_metrics: bool = True) -> list:
+                      extras: dict | None = None, write_metrics: bool = True, warmup: int | None = None) -> list:
         """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage.
 
         ``routed``: their stage-1 rows with column ``_batch``, partitioned by ``(_c, _b)`` and sorted by
@@ -470,7 +573,9 @@ class BatchRunner:
         ``inputs``: batch -> :class:`BatchInput` (counts); ``purge_bounds``: batch -> purge bound.
         Returns one metrics record per batch, as :meth:`run` would, except that the Spark time is
         measured per job: each batch's ``wall_seconds`` (and stage times) is the run's wall time
-        apportioned by the batch's share of the task time (``execution`` holds the exact totals)."""
+        apportioned by the batch's share of the task time (``execution`` holds the exact totals).
+        ``warmup``: a batch that only builds the state (emits nothing; no metrics file is written for
+        it, its record is returned first)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         extras = extras or {}
         batches = sorted(batches)
@@ -488,6 +593,7 @@ class BatchRunner:
         prev_files = dict(prev["files"]) if prev else {}
         for b in batches:
             fsutil.remove(fsutil.join(self.results_root, f"batch={b}"))
+        self.clear_quarantined_rows(batches)
         tmp = self.store.tmp_dir(last)
         fsutil.remove(tmp)
         cache_bytes = cfg.state_cache_mb * 1024 * 1024
@@ -500,7 +606,8 @@ class BatchRunner:
         while True:
             t0 = time.perf_counter()
             fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, self.results_root, tmp,
-                                 cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None)
+                                 cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
+                                 self.quarantine_root, warmup)
             mapped = stage_input.mapInArrow(fn, "doc string")
             physical[f"stage{stage}"] = physical_info(mapped)
             stage_docs = []
@@ -508,6 +615,10 @@ class BatchRunner:
                 d = json.loads(r.doc)
                 if "final_state" in d:
                     final.append(d)
+                elif "rejects" in d or (stage == 1 and "rows_in" in d):
+                    inputs[d["batch_id"]].add_reports([d])
+                    if "rejects" not in d:
+                        stage_docs.append(d)
                 else:
                     stage_docs.append(d)
             docs += stage_docs
@@ -557,6 +668,7 @@ class BatchRunner:
         work_sum = sum(work.values())
         execution = {"mode": "pipelined", "batches": [first, last], "jobs": stage, "wall_seconds": total,
                      "stage_seconds": stage_seconds, "shuffle_bytes": shuffle,
+                     "spark_stages": stage_times(spark, group),
                      "final_state_write_seconds": sum(d["write_seconds"] for d in final),
                      "apportioned_by": "task seconds per batch"}
         for b, rec in zip(batches, records):
@@ -571,7 +683,8 @@ class BatchRunner:
             rec["wall_seconds"] = total * share
         if write_metrics:
             for rec in records:
-                write_record(self.metrics_dir, rec)
+                if rec["batch_id"] != warmup:
+                    write_record(self.metrics_dir, rec)
         return records
 
     # ---- metrics --------------------------------------------------------------------------------

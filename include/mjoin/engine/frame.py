@@ -1,9 +1,11 @@
 """The one row schema that flows through a batch (Spark and Arrow spellings of it).
 
-``_kind`` tells a delta (1) from a partial result (2) and a bucket tick (0, so
-that every bucket is visited and purged each batch); ``_c``/``_b`` are the
+``_kind`` tells a delta (1) from a partial result (2), a bucket tick (0, so
+that every bucket is visited and purged each batch) and a rejected row (3, which
+the task that receives it writes to the quarantine); ``_c``/``_b`` are the
 attribute class and key bucket the row is routed to; ``_chain``/``_grp``/
-``_step``/``_lo``/``_hi`` describe a partial result between stages.
+``_step``/``_lo``/``_hi`` describe a partial result between stages;
+``_reason``/``_file``/``_raw`` a rejected row (why, where from, the row as JSON).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from .normalize import sql_type
 
 META = [("_kind", "tinyint"), ("_c", "int"), ("_b", "int"), ("_s", "int"), ("_ts", "bigint")]
 PARTIAL = [("_chain", "int"), ("_grp", "int"), ("_step", "int"), ("_lo", "bigint"), ("_hi", "bigint")]
+REJECT = [("_reason", "string"), ("_file", "string"), ("_raw", "string")]
 
 
 def frame_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
@@ -21,7 +24,7 @@ def frame_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
     for s in eq.streams:
         for col, spec_type in eq.payload[s]:
             cols.append((f"{s}__{col}", sql_type(spec_type)))
-    return cols
+    return cols + list(REJECT)
 
 
 def spark_frame_schema(eq: EngineQuery):

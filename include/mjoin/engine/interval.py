@@ -80,40 +80,48 @@ def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int) -> str:
 
 @dataclass
 class IntervalInput:
-    """The interval's rows, read and validated once: every valid row with its batch (column
-    ``_batch``: 0 = warm-up, 1.. = cycles), counts of what was rejected."""
+    """The interval's rows, normalised (lazily: no Spark job yet), with their batch (column ``_batch``:
+    0 = warm-up, 1.. = cycles), and the files rejected by the contract. The counts per batch (rows in,
+    rejected rows) are reported by the tasks that process them."""
 
     start_us: int
     end_us: int
     cycle_us: int
     n_batches: int
-    frame: object  # persisted Spark DataFrame of frame rows with _reason and _batch, or None
+    frame: object  # Spark DataFrame of frame rows with _reason and _batch, or None
     rejects: list  # FileReject
-    rows_in: dict  # batch -> stream -> valid rows
-    counts: dict  # batch -> stream -> reason -> rows
-    max_ts: dict  # batch -> max event time of the valid rows
     seconds: float = 0.0
-
-    def quarantine_totals(self) -> dict:
-        totals: dict = {}
-        for b in range(1, self.n_batches + 1):
-            add_counts(totals, self.counts.get(b, {}))
-        return totals
+    streams: tuple = ()  # the engine's stream order (``_s``)
 
     def valid(self):
         from pyspark.sql import functions as F
 
         return None if self.frame is None else self.frame.where(F.col("_reason").isNull())
 
-    def release(self) -> None:
+    def rejected_counts(self) -> dict:
+        """batch -> stream -> reason -> rows rejected (one Spark job; the engine's tasks report these
+        themselves, the spark-native baseline asks here), the rejected files in batch 1."""
+        from pyspark.sql import functions as F
+
+        counts: dict = {}
         if self.frame is not None:
-            self.frame.unpersist()
+            for r in self.frame.where(F.col("_reason").isNotNull()).groupBy("_batch", "_s", "_reason").count().collect():
+                counts.setdefault(r["_batch"], {}).setdefault(self.streams[r["_s"]], {})[r["_reason"]] = r["count"]
+        add_counts(counts.setdefault(1, {}), self.file_counts())
+        return counts
+
+    def file_counts(self) -> dict:
+        """stream -> reason -> rows of the rejected files (counted in batch 1)."""
+        counts: dict = {}
+        for rej in self.rejects:
+            per = counts.setdefault(rej.stream, {})
+            per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
+        return counts
 
 
 def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> IntervalInput:
-    """Read every landed file of the query's streams once, validate (rejected rows and files go to
-    ``out_lake``'s quarantine), assign rows to batches, cache."""
-    from pyspark import StorageLevel
+    """The landed files of the query's streams judged by the contract (rejected files go to
+    ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches."""
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
@@ -125,30 +133,12 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     files = {s.name: in_lake.stream_files(s.source) for s in query.streams}
     inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
     frame = normalize_streams(spark, query, eq, inspected)
-    rows_in: dict = {}
-    counts: dict = {}
-    max_ts: dict = {}
     if frame is not None:
         frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
-            .where(F.col("_batch").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
-        for r in frame.groupBy("_batch", "_s", "_reason").agg(
-                F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi")).collect():
-            s = eq.streams[r["_s"]]
-            if r["_reason"] is None:
-                rows_in.setdefault(r["_batch"], {})[s] = r["n"]
-                max_ts[r["_batch"]] = max(r["hi"], max_ts.get(r["_batch"], r["hi"]))
-            else:
-                counts.setdefault(r["_batch"], {}).setdefault(s, {})[r["_reason"]] = r["n"]
-        totals: dict = {}
-        for per in counts.values():
-            add_counts(totals, per)
-        write_quarantine(frame, totals, [], out_lake, query.name, eq)
+            .where(F.col("_batch").isNotNull())
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
-    for rej in inspected.rejects:  # rejected files count in the first batch
-        per = counts.setdefault(1, {}).setdefault(rej.stream, {})
-        per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
-    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, rows_in, counts, max_ts,
-                         time.perf_counter() - t0)
+    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, time.perf_counter() - t0,
+                         eq.streams)
 
 
 @dataclass
@@ -158,42 +148,46 @@ class Prepared(IntervalInput):
     routed: object = None  # persisted: stage-1 rows of every batch (column _batch), partitioned by (_c, _b)
 
     def batch_input(self, b: int, routed: bool = True) -> BatchInput:
-        """Batch ``b``'s input: its routed rows (a filter of the cached interval) and counts;
-        ``routed=False``: the counts only (pipelined runs read the whole interval at once)."""
-        return BatchInput(deltas=None, routed=self.routed.where(f"_batch = {b}").drop("_batch") if routed else None,
-                          rows_in=self.rows_in.get(b, {}), quarantined=self.counts.get(b, {}),
-                          max_ts=self.max_ts.get(b),
+        """Batch ``b``'s input: its routed rows (a filter of the cached interval; ``routed=False``:
+        none, pipelined runs read the whole interval at once) and the file-level counts."""
+        return BatchInput(routed=self.routed.where(f"_batch = {b}").drop("_batch") if routed else None,
+                          quarantined=self.file_counts() if b == 1 else {},
                           quarantined_files=[r.to_json() for r in self.rejects] if b == 1 else [])
 
     def release(self) -> None:
         self.routed.unpersist()
 
 
-def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
-    """:func:`read_interval`, then route every batch's rows (and its bucket ticks) to key buckets once."""
-    from dataclasses import fields
+def route_interval(runner: BatchRunner, data: IntervalInput):
+    """Every batch's stage-1 rows (accepted ones to their key buckets, rejected ones for the tasks to
+    quarantine, the bucket ticks), partitioned by (class, bucket), lazily (one exchange).
 
-    from pyspark import StorageLevel
+    Sorted by batch inside each partition, so that the in-memory column batches' statistics let every
+    batch's scan skip the other batches' rows (and pipelined tasks see batches in order); then by class,
+    bucket, stream and key, so that the operator takes each stream's new tuples of a bucket as one slice
+    already sorted by key."""
     from pyspark.sql import functions as F
 
     from .compiled import key_name
 
+    routed = runner.ticks(list(range(0, data.n_batches + 1)))
+    if data.frame is not None:
+        routed = runner.route_frame(data.frame, keep=("_batch",)).unionByName(routed)
+    key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
+    return runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key))
+
+
+def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
+    """:func:`read_interval`, then route every batch's rows (accepted ones to their key buckets, rejected
+    ones for the tasks to quarantine, and the bucket ticks) once: one Spark job."""
+    from dataclasses import fields
+
+    from pyspark import StorageLevel
+
     t0 = time.perf_counter()
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
-    batches = list(range(0, data.n_batches + 1))
-    valid = data.valid()
-    routed = runner.ticks(batches)
-    if valid is not None:
-        routed = runner.route(valid, keep=("_batch",)).unionByName(routed)
-    # sorted by batch inside each partition, so that the in-memory column batches' statistics let
-    # every batch's scan skip the other batches' rows (and pipelined tasks see batches in order);
-    # then by class, bucket, stream and key, so that the operator takes each stream's new tuples
-    # of a bucket as one slice already sorted by key (Spark sorts once, for every plan)
-    key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
-    routed = runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key)) \
-        .persist(StorageLevel.MEMORY_AND_DISK)
+    routed = route_interval(runner, data).persist(StorageLevel.MEMORY_AND_DISK)
     routed.count()
-    data.release()
     prepared = Prepared(**{f.name: getattr(data, f.name) for f in fields(IntervalInput)}, routed=routed)
     prepared.frame = None
     prepared.seconds = time.perf_counter() - t0
@@ -219,6 +213,62 @@ def copy_state(src: BatchRunner, dst: BatchRunner) -> None:
     pafs.copy_files(sp, dp, source_filesystem=sfs, destination_filesystem=dfs)
 
 
+def _cycles(data: IntervalInput) -> tuple[dict, dict]:
+    """Purge bounds and record extras of the cycles 1..n: a cycle's state is purged with its end (every
+    later row is at or after it)."""
+    bounds, extras = {}, {}
+    for b in range(1, data.n_batches + 1):
+        c0 = data.start_us + (b - 1) * data.cycle_us
+        c1 = min(c0 + data.cycle_us, data.end_us)
+        bounds[b] = c1
+        extras[b] = {"interval": [iso(c0 / MICROS), iso(c1 / MICROS)], "watermark": c0}
+    return bounds, extras
+
+
+def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, cycle) -> RunSummary:
+    """One plan over an interval in as few Spark jobs as the plan has stages: the files' contract checks
+    on the driver, then one job reads, normalises and routes every row (one exchange), and runs the
+    warm-up and every cycle in the operator's tasks, the state kept in their memory. Nothing is cached
+    between jobs unless the plan changes attribute class (a further stage replays the deltas)."""
+    from pyspark import StorageLevel
+
+    t_run = time.perf_counter()
+    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
+    routed = route_interval(runner, data)
+    multi = max(len(ch.segments) for ch in compiled.chains.values()) > 1
+    if multi:
+        routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
+    bounds, extras = _cycles(data)
+    bounds[0] = data.start_us
+    inputs = {b: BatchInput(quarantined=data.file_counts() if b == 1 else {},
+                            quarantined_files=[r.to_json() for r in data.rejects] if b == 1 else [])
+              for b in range(0, data.n_batches + 1)}
+    try:
+        records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0)
+    finally:
+        if multi:
+            routed.unpersist()
+    warm, records = records[0], records[1:]
+    for rec in records:
+        log.info("batch %d: %d rows in, %d results, %.2fs", rec["batch_id"], sum(rec["rows_in"].values()),
+                 rec["result_rows"], rec["wall_seconds"])
+    metrics_path = write_jsonl(runner.metrics_dir, records)
+    stages = records[0]["execution"]["spark_stages"] if records else []
+    input_seconds = sum(st["wall_seconds"] or 0 for st in stages if st["kind"] == "input")
+    return RunSummary(
+        query=query.name, engine="mjoin", mode="interval",
+        interval=[iso(data.start_us / MICROS), iso(data.end_us / MICROS)], cycle_seconds=data.cycle_us / MICROS,
+        plan_version=compiled.version, plan_strategy=compiled.strategy, batches=data.n_batches,
+        result_rows=sum(r["result_rows"] for r in records), wall_seconds=time.perf_counter() - t_run,
+        batch_seconds=sum(r["wall_seconds"] for r in records), prepare_seconds=data.seconds + input_seconds,
+        warmup_seconds=warm["wall_seconds"], rows_in={s: sum(r["rows_in"][s] for r in records) for s in runner.eq.streams},
+        quarantined=_totals(records), metrics_path=metrics_path, results_path=runner.results_root,
+        extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
+               "prefilter": compiled.prefilter, "buckets": runner.config.buckets, "execution": "fused",
+               "phases": {"contract_checks_driver": data.seconds, "input_stage": input_seconds,
+                          "spark_stages": stages}})
+
+
 def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner, warm: dict | None = None,
                  pipelined: bool = True) -> RunSummary:
     """Evaluate one plan on prepared input into the runner's lake (``warm``: the warm-up already
@@ -227,17 +277,11 @@ def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner
     t_run = time.perf_counter()
     config = runner.config
     eq = runner.eq
-    totals = prepared.quarantine_totals()
     if warm is None:
         warm = warm_up(runner, compiled, prepared)
     warmup_seconds = warm["warmup_seconds"]
     batches = list(range(1, prepared.n_batches + 1))
-    bounds, extras = {}, {}
-    for b in batches:
-        c0 = prepared.start_us + (b - 1) * prepared.cycle_us
-        c1 = min(c0 + prepared.cycle_us, prepared.end_us)
-        bounds[b] = c1
-        extras[b] = {"interval": [iso(c0 / MICROS), iso(c1 / MICROS)], "watermark": c0}
+    bounds, extras = _cycles(prepared)
     if pipelined:
         records = runner.run_pipelined(batches, prepared.routed.where("_batch >= 1"),
                                        {b: prepared.batch_input(b, routed=False) for b in batches}, compiled, bounds,
@@ -258,10 +302,18 @@ def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner
         batch_seconds=sum(r["wall_seconds"] for r in records), prepare_seconds=prepared.seconds,
         warmup_seconds=warmup_seconds,
         rows_in={s: sum(r["rows_in"][s] for r in records) for s in eq.streams},
-        quarantined=totals, metrics_path=metrics_path, results_path=runner.results_root,
+        quarantined=_totals(records), metrics_path=metrics_path, results_path=runner.results_root,
         extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
                "prefilter": compiled.prefilter, "buckets": config.buckets},
     )
+
+
+def _totals(records) -> dict:
+    """stream -> reason -> rows quarantined over the interval's batches (none of the warm-up's)."""
+    totals: dict = {}
+    for r in records:
+        add_counts(totals, {s: {k: v for k, v in reasons.items() if v} for s, reasons in r["quarantined"].items()})
+    return totals
 
 
 def run_interval(spark, query, plan, lake, start, end, cycle, out, *, engine: str = "mjoin",
@@ -295,6 +347,8 @@ def run_interval_plans(spark, query, plans: dict, lake, start, end, cycle, out, 
         out_root = as_lake(out)
         clear_outputs(out_root, query.name)
         root_runner = BatchRunner(spark, query, out_root, config, mode="interval")
+        if pipelined and list(compiled) == [""]:  # one plan: read, route and join in one job per stage
+            return {"": run_fused(spark, query, compiled[""], root_runner, as_lake(lake), start, end, cycle)}
         group = f"mjoin-{query.name}-prepare-{time.time_ns()}"
         spark.sparkContext.setJobGroup(group, f"mjoin {query.name}: read and route the interval", interruptOnCancel=False)
         prepared = prepare_interval(spark, query, root_runner, as_lake(lake), start, end, cycle)

@@ -98,6 +98,35 @@ def shuffle_bytes(spark, job_group: str) -> dict:
     return {"read": read, "written": written, "stages": stages}
 
 
+def stage_times(spark, job_group: str) -> list[dict]:
+    """Per Spark stage of the jobs tagged ``job_group``: its name, wall time (submission to completion),
+    the tasks' run and CPU time, rows and bytes read from files and shuffles, bytes written to the
+    shuffle. The stage that writes a shuffle from files is the input (read, normalise, route); the
+    one that reads it runs the operator."""
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    store = sc._jsc.sc().statusStore()
+    out = []
+    for job in sorted(tracker.getJobIdsForGroup(job_group)):
+        info = tracker.getJobInfo(job)
+        for sid in sorted(info.stageIds if info else []):
+            try:
+                d = store.lastStageAttempt(sid)
+            except Exception:  # evicted or skipped
+                continue
+            sub, done = d.submissionTime(), d.completionTime()
+            wall = (done.get().getTime() - sub.get().getTime()) / 1000 if sub.isDefined() and done.isDefined() else None
+            out.append({"job": job, "stage": sid, "name": str(d.name()).split(" at ")[0], "tasks": int(d.numTasks()),
+                        "wall_seconds": wall, "task_seconds": int(d.executorRunTime()) / 1000,
+                        "task_cpu_seconds": int(d.executorCpuTime()) / 1e9,
+                        "input_rows": int(d.inputRecords()), "input_bytes": int(d.inputBytes()),
+                        "shuffle_read_bytes": int(d.shuffleReadBytes()),
+                        "shuffle_write_bytes": int(d.shuffleWriteBytes()),
+                        "kind": "input" if int(d.shuffleWriteBytes()) and not int(d.shuffleReadBytes()) else
+                        "operator" if int(d.shuffleReadBytes()) else "other"})
+    return out
+
+
 def machine() -> dict:
     import platform
 

@@ -36,6 +36,7 @@ from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema
 from .inputs import as_lake, as_query
 from .interval import RunSummary, clear_outputs, read_interval
+from .normalize import add_counts
 from .metrics import shuffle_bytes, write_jsonl, write_record
 from .results import write_parquet
 
@@ -145,6 +146,7 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     try:
         data = read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle)
+        counts = data.rejected_counts()
         # one input file per stream and cycle (warm-up = file 0), oldest first
         frame_schema = arrow_frame_schema(eq)
         t_write = time.perf_counter()
@@ -166,7 +168,6 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
                     part = schema.empty_table()
                 write_parquet(fsutil.join(work, "input", s, f"cycle={b:06d}.parquet"), part,
                              mtime_ms=1_000_000_000_000 + b * 1000 + i)
-        data.release()
         input_seconds = time.perf_counter() - t_write
         sources = {}
         for s in eq.streams:
@@ -221,7 +222,7 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
             "interval": None if b == 0 or b > data.n_batches else
             [iso(c0 / MICROS), iso(min(c0 + data.cycle_us, data.end_us) / MICROS)],
             "started_at": p.get("timestamp"), "wall_seconds": p["durationMs"].get("triggerExecution", 0) / 1000,
-            "rows_in": rows_in, "quarantined": {s: data.counts.get(b, {}).get(s, {}) for s in eq.streams},
+            "rows_in": rows_in, "quarantined": {s: counts.get(b, {}).get(s, {}) for s in eq.streams},
             "result_rows": per_batch[b]["result_rows"],
             "state_tuples": {"total": sum(int(o.get("numRowsTotal", 0)) for o in ops)},
             "state_operators": [{k: o.get(k) for k in ("operatorName", "numRowsTotal", "numRowsUpdated",
@@ -245,7 +246,8 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
         batch_seconds=sum(r["wall_seconds"] for r in cycles), prepare_seconds=data.seconds + input_seconds,
         warmup_seconds=sum(r["wall_seconds"] for r in warm),
         rows_in={s: sum(r["rows_in"][s] for r in cycles) for s in eq.streams},
-        quarantined=data.quarantine_totals(), metrics_path=metrics_path, results_path=results_root,
+        quarantined=add_counts({}, *[counts[b] for b in range(1, data.n_batches + 1) if b in counts]),
+        metrics_path=metrics_path, results_path=results_root,
         extra={"join_strategies": info.get("strategies"), "join_order": info.get("join_order"),
                "stream_seconds": stream_seconds, "micro_batches": len(progress),
                "max_state_tuples": max([r["state_tuples"]["total"] for r in records], default=0)})

@@ -285,11 +285,12 @@ def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: Engin
                                   "part-00000.parquet"), part)
 
 
-def add_counts(total: dict, counts: dict) -> dict:
-    """Add ``counts`` (stream -> reason -> rows) into ``total``; returns ``total``."""
-    for stream, reasons in counts.items():
-        for reason, n in reasons.items():
-            if n:
-                per = total.setdefault(stream, {})
-                per[reason] = per.get(reason, 0) + n
+def add_counts(total: dict, *counts: dict) -> dict:
+    """Add ``counts`` (each stream -> reason -> rows) into ``total``; returns ``total``."""
+    for c in counts:
+        for stream, reasons in c.items():
+            for reason, n in reasons.items():
+                if n:
+                    per = total.setdefault(stream, {})
+                    per[reason] = per.get(reason, 0) + n
     return total

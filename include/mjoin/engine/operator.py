@@ -40,7 +40,7 @@ from ..partition import group_of
 from .compiled import CompiledPlan, EngineQuery, key_name
 
 EMPTY = np.zeros(0, dtype=np.int64)
-KIND_TICK, KIND_DELTA, KIND_PARTIAL = 0, 1, 2
+KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT = 0, 1, 2, 3
 
 
 def expand(start: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -555,6 +555,10 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
             threshold = None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j]
             new = full[j].purge(threshold)
             out.new_state[j] = StateUpdate(new, delta[j], threshold, changed=new is not old[j])
+    if ctx.stage == 1:  # the batch's accepted tuples, counted once: in their stream's first class
+        firsts = [j for j in members if eq.stream_classes[j][0] == attr_class and len(delta[j])]
+        out.doc["rows_in"] = {j: len(delta[j]) for j in firsts}
+        out.doc["max_ts"] = {j: int(delta[j].ts.max()) for j in firsts}
     out.doc["prefilter"] = pre
     out.doc["views"] = {j: {"old_keys": old[j].nkeys, "full_keys": full[j].nkeys, "old_tuples": len(old[j]),
                             "full_tuples": len(full[j])} for j in members}

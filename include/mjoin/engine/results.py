@@ -72,3 +72,16 @@ def read_results(path_or_lake_query, query=None, *, with_batch: bool = False, ba
     """Results of every committed batch as one DataFrame. ``path_or_lake_query``: a results
     folder (``<lake>/results/<query>``), a ``(lake, query)`` pair, or a lake with ``query``."""
     return read_results_arrow(path_or_lake_query, query, with_batch=with_batch, batches=batches).to_pandas()
+
+
+def result_fingerprint(path_or_lake_query, query=None) -> dict:
+    """An order-independent fingerprint of committed result rows over all output columns: the row count
+    and the sum (mod 2^64) of per-row hashes (pandas' ``hash_pandas_object``): equal multisets of rows
+    give equal fingerprints, whatever the batches and the order."""
+    import numpy as np
+    import pandas as pd
+
+    df = read_results_arrow(path_or_lake_query, query).to_pandas()
+    df = df[sorted(df.columns)]
+    h = pd.util.hash_pandas_object(df, index=False).to_numpy(dtype=np.uint64)
+    return {"rows": int(len(df)), "hash_sum": f"{int(h.sum(dtype=np.uint64)):016x}"}

@@ -227,8 +227,10 @@ class StreamJob:
                 self.on_batch_end()
 
     def process(self, df, batch_id: int) -> None:
+        """One micro-batch: the files' contract checks on the driver, then one Spark job (read, normalise,
+        route, one exchange, the operator; rejected rows are written to the quarantine by the tasks),
+        a further one per class change of the plan, then the commit."""
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         spark, eq, runner = self.spark, self.eq, self.runner
         t0 = time.perf_counter()
@@ -241,48 +243,43 @@ class StreamJob:
         seen = contract.Seen(prev.get("seen_files", []) if prev else [])  # as committed before this batch
         inspected = inspect_files(self.query, eq, files, seen)
         frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
-        rows_in, counts, batch_max = {}, {}, {}
-        if frame is not None:
+        stages = max(len(ch.segments) for ch in compiled.chains.values())
+        if frame is not None and stages > 1:  # later stages read the batch's deltas again
             frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-            for r in frame.groupBy("_s", "_reason").agg(F.count(F.lit(1)).alias("n"), F.max("_ts").alias("hi")).collect():
-                s = eq.streams[r["_s"]]
-                if r["_reason"] is None:
-                    rows_in[s] = r["n"]
-                    batch_max[s] = r["hi"]
-                else:
-                    counts.setdefault(s, {})[r["_reason"]] = r["n"]
-            write_quarantine(frame, counts, [], self.lake, self.query.name, eq, batch_id)
         write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
+        counts: dict = {}
         for rej in inspected.rejects:
             per = counts.setdefault(rej.stream, {})
             per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
-        deltas = frame.where(F.col("_reason").isNull()).drop("_reason", "_file", "_raw") if frame is not None else None
-        after = marks.advance(batch_max, eq.streams, eq.lateness_us, self.idle_us)
-        # duplicates are remembered while they could still double-count: until the job's watermark
-        # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
-        for f in seen.files:
-            if f.ts_max is None:
-                known = after.max_ts.get(f.stream)
-                f.ts_max = known / 1e6 if known is not None else 0.0
-        forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
-        binput = BatchInput(deltas=deltas, rows_in=rows_in, quarantined=counts,
-                            max_ts=max(batch_max.values(), default=None),
+        binput = BatchInput(frame=frame, quarantined=counts,
                             quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
+        prepare_seconds = time.perf_counter() - t0
+
+        def after_tasks(done: BatchInput):
+            after = marks.advance(done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us)
+            # duplicates are remembered while they could still double-count: until the job's watermark
+            # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
+            for f in seen.files:
+                if f.ts_max is None:
+                    known = after.max_ts.get(f.stream)
+                    f.ts_max = known / 1e6 if known is not None else 0.0
+            forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
+            return ({"event_time": after.to_json(), "seen_files": seen.to_json()},
+                    {"watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
+                                    "idle": list(after.idle)},
+                     "files_remembered": len(seen.files), "files_forgotten": forgotten})
+
         try:
             # the state is purged with the watermark the batch started with (safe: every accepted row of
             # this and later batches is at or above it), after every stage of the batch has probed
-            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, manifest_extra={
-                "event_time": after.to_json(), "seen_files": seen.to_json()}, extra={
-                "files_remembered": len(seen.files), "files_forgotten": forgotten,
+            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, after_tasks=after_tasks, extra={
                 "plan_switch": switch, "plan_error": plan_error, "watermark": late_before,
-                "watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
-                               "idle": list(after.idle)},
                 "arrivals": [min((e.arrival for e in entries if e.arrival is not None), default=None),
                              max((e.arrival for e in entries if e.arrival is not None), default=None)],
                 "files": sum(len(v) for v in files.values()), "files_ignored": ignored,
-                "prepare_seconds": round(time.perf_counter() - t0, 6)})
+                "prepare_seconds": round(prepare_seconds, 6)})
         finally:
-            if frame is not None:
+            if frame is not None and stages > 1:
                 frame.unpersist()
         self.records.append(rec)
         log.info("batch %d (%s): %d files, %d rows in, %d results, %.2fs", batch_id, compiled.describe(),
