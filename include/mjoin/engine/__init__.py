@@ -12,16 +12,46 @@ Public API (see docs/engine.md)::
     EngineConfig
 """
 from .config import EngineConfig, EngineError
-from .interval import RunSummary, run_interval
+from .interval import RunSummary
 from .metrics import read_metrics
 from .results import committed_batches, read_results, result_fingerprint
 
+#: the engines a run can use: mjoin's own, and Spark's chained stream-stream joins as the baseline
+#: (mjoin.engine.native depends on the core, never the other way round)
+ENGINES = ("mjoin", "spark-native")
 
-def run_stream(*args, **kwargs):
-    """See :func:`mjoin.engine.stream.run_stream`."""
-    from .stream import run_stream as _run
 
-    return _run(*args, **kwargs)
+def _check(engine: str) -> None:
+    if engine not in ENGINES:
+        raise EngineError(f"unknown engine {engine!r} ({', '.join(ENGINES)})")
+
+
+def run_interval(spark, query, plan, lake, start, end, cycle, out, *, engine: str = "mjoin", config=None,
+                 pipelined: bool = True):
+    """See :func:`mjoin.engine.interval.run_interval` (``engine="spark-native"``:
+    :func:`mjoin.engine.native.run_native_interval`)."""
+    _check(engine)
+    if engine == "spark-native":
+        from .native import run_native_interval
+
+        return run_native_interval(spark, query, plan, lake, start, end, cycle, out, config=config)
+    from .interval import run_interval as run
+
+    return run(spark, query, plan, lake, start, end, cycle, out, config=config, pipelined=pipelined)
+
+
+def run_stream(spark, query, lake, *, engine: str = "mjoin", **kwargs):
+    """See :func:`mjoin.engine.stream.run_stream` (``engine="spark-native"``:
+    :func:`mjoin.engine.native.run_native_stream`)."""
+    _check(engine)
+    if engine == "spark-native":
+        from .native import run_native_stream
+
+        kwargs.pop("plan", None)
+        return run_native_stream(spark, query, lake, **kwargs)
+    from .stream import run_stream as run
+
+    return run(spark, query, lake, **kwargs)
 
 
 def __getattr__(name):

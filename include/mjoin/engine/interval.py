@@ -316,19 +316,13 @@ def _totals(records) -> dict:
     return totals
 
 
-def run_interval(spark, query, plan, lake, start, end, cycle, out, *, engine: str = "mjoin",
-                 config: EngineConfig | None = None, pipelined: bool = True) -> RunSummary:
+def run_interval(spark, query, plan, lake, start, end, cycle, out, *, config: EngineConfig | None = None,
+                 pipelined: bool = True) -> RunSummary:
     """Join the lake's data of ``[start, end)`` in cycles of ``cycle`` seconds into ``out``.
 
     ``plan``: a :class:`~mjoin.plan.Plan`, a plan file, or None (the spec's fixed order).
     ``out``: a folder (or Lake) for results, metrics, state and quarantine; it is cleared first.
     """
-    if engine == "spark-native":
-        from .native import run_native_interval
-
-        return run_native_interval(spark, query, plan, lake, start, end, cycle, out, config=config)
-    if engine != "mjoin":
-        raise EngineError(f"unknown engine {engine!r} (mjoin, spark-native)")
     return run_interval_plans(spark, query, {"": plan}, lake, start, end, cycle, out, config=config,
                               pipelined=pipelined)[""]
 

@@ -287,18 +287,12 @@ class StreamJob:
 
 
 def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: float | None = None, plan=None,
-               config: EngineConfig | None = None, engine: str = "mjoin", timeout: float | None = None) -> StreamSummary:
+               config: EngineConfig | None = None, timeout: float | None = None) -> StreamSummary:
     """Run the streaming join of ``query`` over ``lake`` (results, metrics, state, checkpoint in the lake).
 
     ``trigger="availableNow"`` processes what has landed and returns; ``"processingTime"``
     runs a micro-batch every ``interval`` seconds until stopped (or ``timeout`` seconds).
     """
-    if engine == "spark-native":
-        from .native import run_native_stream
-
-        return run_native_stream(spark, query, lake, trigger=trigger, interval=interval, config=config, timeout=timeout)
-    if engine != "mjoin":
-        raise EngineError(f"unknown engine {engine!r} (mjoin, spark-native)")
     if trigger not in ("availableNow", "processingTime"):
         raise EngineError(f"unknown trigger {trigger!r} (availableNow, processingTime)")
     if trigger == "processingTime" and not interval:
