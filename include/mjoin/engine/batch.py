@@ -144,6 +144,9 @@ class BatchInput:
     deltas: object = None
     routed: object = None
     frame: object = None
+    #: or the batch's normalised rows as an Arrow table (:func:`mjoin.engine.normalize.normalize_local`):
+    #: the batch runs on the driver, no Spark job (small batches of a small state)
+    local: object = None
     rows_in: dict = field(default_factory=dict)  # stream -> valid rows
     quarantined: dict = field(default_factory=dict)  # stream -> reason -> rows
     max_ts: int | None = None  # max event time among the valid rows
@@ -191,6 +194,45 @@ def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: i
         reasons, n = np.unique(np.asarray(part.column("_reason").to_pylist(), dtype=object), return_counts=True)
         counts[stream] = {str(r): int(c) for r, c in zip(reasons, n)}
     return counts
+
+
+def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema) -> pa.Table:
+    """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
+    attribute class of its stream with its key's bucket, a rejected row once (``_kind`` 3), one tick row
+    per (class, bucket)."""
+    parts = []
+    if table is not None and table.num_rows:
+        ok = np.asarray(table.column("_reason").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        for ci, c in enumerate(eq.classes):
+            k = table.column(key_name(c))
+            sel = np.flatnonzero(ok & np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
+            if len(sel):
+                part = table.take(pa.array(sel))
+                keys = np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64)
+                part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.full(len(sel), ci, np.int32)))
+                part = part.set_column(schema.get_field_index("_b"), "_b",
+                                       pa.array(np.mod(keys, buckets).astype(np.int32)))
+                parts.append(part)
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            part = table.take(pa.array(bad))
+            s_idx = np.asarray(part.column("_s").to_numpy(), dtype=np.int64)
+            part = part.set_column(schema.get_field_index("_kind"), "_kind",
+                                   pa.array(np.full(len(bad), KIND_REJECT, np.int8)))
+            part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.zeros(len(bad), np.int32)))
+            part = part.set_column(schema.get_field_index("_b"), "_b", pa.array(np.mod(s_idx, buckets).astype(np.int32)))
+            parts.append(part)
+    n = buckets * len(eq.classes)
+    ids = np.arange(n)
+    tick = {"_kind": pa.array(np.zeros(n, np.int8)), "_c": pa.array((ids // buckets).astype(np.int32)),
+            "_b": pa.array((ids % buckets).astype(np.int32))}
+    parts.append(pa.table([tick[f.name] if f.name in tick else pa.nulls(n, f.type) for f in schema], schema=schema))
+    return pa.concat_tables(parts)
+
+
+def _run_task(fn, table: pa.Table) -> list[dict]:
+    """Run a stage's task function on the driver over ``table`` (what one Spark task would get)."""
+    return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
 
 
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
@@ -482,40 +524,15 @@ class BatchRunner:
                             batch_id=batch_id, stage=1, buckets=cfg.buckets, emit=emit, purge_bound=purge_bound,
                             prefilter_accounting=cfg.prefilter_accounting)
         self.clear_quarantined_rows([batch_id])
-        if binput.routed is not None:
-            stage_input = binput.routed
-            routed = binput.routed.where("_kind = 1")
-        elif binput.frame is not None:
-            first = self.route_frame(binput.frame)
-            routed = first.where("_kind = 1")
-            stage_input = self.partitioned(first.unionByName(self.ticks()))
+        if binput.local is not None:
+            docs, stage_seconds, physical, stage = self._run_local(ctx, binput, prev_files, results_dir, tmp,
+                                                                   cache_bytes)
+            where = "driver"
         else:
-            deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
-            routed = self.route(deltas)
-            stage_input = self.partitioned(routed.unionByName(self.ticks()))
+            docs, stage_seconds, physical, stage = self._run_spark(ctx, binput, prev_files, results_dir, tmp,
+                                                                   cache_bytes)
+            where = "executors"
         conf = conf_in_effect(spark)
-        docs, stage_seconds, physical = [], {}, {}
-        stage = 1
-        while True:
-            t0 = time.perf_counter()
-            fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
-                             eq.classes, self.quarantine_root)
-            mapped = stage_input.mapInArrow(fn, "doc string")
-            physical[f"stage{stage}"] = physical_info(mapped)
-            rows = mapped.collect()
-            stage_docs = [json.loads(r.doc) for r in rows]
-            binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
-            stage_docs = [d for d in stage_docs if "rejects" not in d]
-            docs += stage_docs
-            stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
-            partials = sum(c["partials"] for d in stage_docs for c in d["chains"])
-            if not partials:
-                break
-            stage += 1
-            if stage > len(eq.streams):
-                raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
-            part_df = self.spark.read.schema(self.frame_schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
-            stage_input = self.partitioned(part_df.unionByName(routed))
 
         t0 = time.perf_counter()
         if cfg.fault == f"crash_before_commit:{batch_id}":
@@ -556,12 +573,86 @@ class BatchRunner:
         record["spark_conf"] = conf
         record["spark_plan"] = physical
         record["spark_strategies"] = _strategies(physical)
-        record["execution"] = {"mode": "per-batch", "jobs": stage}
+        record["execution"] = {"mode": "per-batch", "jobs": stage if where == "executors" else 0, "where": where}
         record["shuffle_bytes"] = shuffle_bytes(spark, group)
         record["wall_seconds"] = time.perf_counter() - t_batch
         if write_metrics:
             write_record(self.metrics_dir, record)
         return record
+
+    def _stages(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
+                cache_bytes: int, stage_input, run_stage, next_input):
+        """Run a batch stage by stage until no partial result is pending: ``run_stage(fn, input)`` runs the
+        task function ``fn`` over a stage's input (docs, physical plan), ``next_input(folder)`` is the next
+        stage's input from the partial results written there. Returns (docs, stage seconds, physical
+        plans, stages)."""
+        eq = self.eq
+        docs, stage_seconds, physical = [], {}, {}
+        stage = 1
+        while True:
+            t0 = time.perf_counter()
+            fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
+                             eq.classes, self.quarantine_root)
+            stage_docs, physical[f"stage{stage}"] = run_stage(fn, stage_input)
+            binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
+            stage_docs = [d for d in stage_docs if "rejects" not in d]
+            docs += stage_docs
+            stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
+            if not sum(c["partials"] for d in stage_docs for c in d["chains"]):
+                return docs, stage_seconds, physical, stage
+            stage += 1
+            if stage > len(eq.streams):
+                raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
+            stage_input = next_input(fsutil.join(tmp, f"stage={stage - 1}"))
+
+    def _run_spark(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
+                   cache_bytes: int):
+        """The batch's stages as Spark jobs (one per stage)."""
+        if binput.routed is not None:
+            stage_input = binput.routed
+            routed = binput.routed.where("_kind = 1")
+        elif binput.frame is not None:
+            first = self.route_frame(binput.frame)
+            routed = first.where("_kind = 1")
+            stage_input = self.partitioned(first.unionByName(self.ticks()))
+        else:
+            deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
+            routed = self.route(deltas)
+            stage_input = self.partitioned(routed.unionByName(self.ticks()))
+
+        def run_stage(fn, df):
+            mapped = df.mapInArrow(fn, "doc string")
+            plan = physical_info(mapped)
+            return [json.loads(r.doc) for r in mapped.collect()], plan
+
+        def next_input(folder):
+            return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder).unionByName(routed))
+
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, run_stage, next_input)
+
+    def _run_local(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
+                   cache_bytes: int):
+        """The batch's stages on the driver, with the same task function Spark would run (one "task"
+        holding every bucket): no Spark job. For small batches of a small state, where Spark's fixed
+        cost per job (~0.3-0.5 s here) is most of a micro-batch."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_schema)
+        deltas = first.filter(pc.equal(first.column("_kind"), 1))
+
+        def run_stage(fn, table):
+            return _run_task(fn, table), {"where": "driver"}
+
+        def next_input(folder):
+            parts = []
+            for name in fsutil.listdir(folder):
+                fs, p = fsutil.resolve(fsutil.join(folder, name))
+                with fs.open_input_file(p) as fh:
+                    parts.append(pq.read_table(fh).cast(self.arrow_schema))
+            return pa.concat_tables(parts + [deltas])
+
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first, run_stage, next_input)
 
     # ---- every batch of an interval, one Spark job per stage ----------------------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,

@@ -60,6 +60,10 @@ class EngineConfig:
     #: streaming: re-list an arrival folder while its epoch is within this many seconds of the newest
     #: arrival of its source (see :mod:`mjoin.engine.source`)
     recheck_seconds: float = 600.0
+    #: streaming: a micro-batch whose committed state plus new rows hold at most this many tuples runs on
+    #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small
+    #: batch); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
+    driver_rows: int = 1_000_000
     #: testing only (fault injection, see :data:`FAULTS`): "crash_before_commit:<batch>",
     #: "pause_before_commit:<batch>:<seconds>" or "pause_after_commit:<batch>:<seconds>"
     fault: str | None = None
@@ -75,6 +79,8 @@ class EngineConfig:
             parse_fault(self.fault)
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise EngineError("idle_timeout must be a positive number of seconds (or inf: never idle)")
+        if self.driver_rows < 0:
+            raise EngineError("driver_rows must be >= 0 (0: never run a batch on the driver)")
         if not self.recheck_seconds >= 0:
             raise EngineError("recheck_seconds must be >= 0")
 

@@ -20,6 +20,7 @@ whole job.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -91,6 +92,7 @@ class Inspected:
 
     groups: dict = field(default_factory=dict)  # (stream, signature) -> (arrow schema, [paths])
     rejects: list = field(default_factory=list)
+    rows: int = 0  # rows of the accepted files (footers)
 
 
 def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.Seen | None = None) -> Inspected:
@@ -119,6 +121,7 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.See
         sig = tuple((c, str(facts.schema.field(c).type)) for c in sorted(stream.columns))
         entry = out.groups.setdefault((facts.stream, sig), (facts.schema, []))
         entry[1].append(facts.path)
+        out.rows += facts.rows or 0
     return out
 
 
@@ -294,3 +297,126 @@ def add_counts(total: dict, *counts: dict) -> dict:
                     per = total.setdefault(stream, {})
                     per[reason] = per.get(reason, 0) + n
     return total
+
+
+# ---- the same rules with pyarrow, for batches small enough to run on the driver -------------------
+
+
+def local_supported(query, streams) -> bool:
+    """Whether :func:`normalize_local` reads ``streams`` exactly as :func:`normalize_group` would: event
+    times in a column of their own (timestamp, date, epoch seconds), not a string pattern or a Spark
+    SQL expression (those are Spark's to parse)."""
+    for name in streams:
+        et = query.stream(name).event_time
+        if et.expr is not None or et.format is not None or query.stream(name).columns.get(et.column) == "string":
+            return False
+    return True
+
+
+def _micros(arr: pa.ChunkedArray, kind: str) -> pa.Array:
+    """Event time in epoch microseconds, as :func:`_event_micros` computes it (null when unusable)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    valid = arr.is_valid()
+    if kind == "ts":
+        t = arr.type
+        if t.unit == "ns":  # read as long nanoseconds, then div 1000 (floor)
+            v = np.floor_divide(pc.cast(arr, pa.int64()).fill_null(0).to_numpy(), 1000)
+        else:
+            v = pc.cast(pc.cast(arr, pa.timestamp("us", tz=t.tz), safe=False), pa.int64()).fill_null(0).to_numpy()
+    elif kind == "date":
+        v = pc.cast(pc.cast(arr, pa.date32()), pa.int32()).fill_null(0).to_numpy().astype(np.int64) * 86_400_000_000
+    elif kind == "int":
+        s = pc.cast(arr, pa.int64()).fill_null(0).to_numpy()
+        ok = np.abs(s) <= (2**63 - 1) // 1_000_000  # try_multiply: overflow is null
+        valid = pc.and_(valid, pa.array(ok))
+        v = np.where(ok, s, 0) * 1_000_000
+    else:  # float, decimal: round(x * 1e6)
+        f = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy() * 1e6
+        ok = np.isfinite(f) & (np.abs(f) < 9.2e18)
+        valid = pc.and_(valid, pa.array(ok))
+        v = np.where(ok, np.round(f), 0).astype(np.int64)
+    return pa.array(v, pa.int64(), mask=~np.asarray(valid.to_numpy(zero_copy_only=False), dtype=bool))
+
+
+def _spark_string(v) -> str:
+    """A value as Spark's CAST(... AS STRING) writes it in the quarantine's row JSON."""
+    from datetime import date, datetime
+
+    if isinstance(v, datetime):
+        text = v.replace(tzinfo=None).isoformat(sep=" ")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None) -> pa.Table | None:
+    """:func:`normalize_streams` on the driver with pyarrow (no Spark job): the frame rows of every
+    accepted file, conformed to the engine's Arrow frame schema, with ``_reason``, ``_file``, ``_raw``.
+    Only for streams :func:`local_supported` accepts."""
+    import json
+
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .frame import arrow_frame_schema
+
+    schema = arrow_frame_schema(eq)
+    parts = []
+    for (name, _sig), (fschema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
+        stream = query.stream(name)
+        for path in paths:
+            fs, p = fsutil.resolve(path)
+            with fs.open_input_file(p) as fh:
+                t = pq.read_table(fh, columns=list(stream.columns))
+            n = t.num_rows
+            if n == 0:
+                continue
+            cols = {"_kind": pa.array(np.ones(n, np.int8)), "_s": pa.array(np.full(n, eq.index(name), np.int32))}
+            ts = _micros(t.column(stream.event_time.column), _kind(fschema.field(stream.event_time.column).type))
+            cols["_ts"] = ts
+            null_key = np.zeros(n, bool)
+            for c in eq.stream_classes[name]:
+                col = eq.key_columns[(name, c)]
+                k = pc.cast(t.column(col), pa.int64())
+                cols[key_name(c)] = k
+                null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            bad_type = np.zeros(n, bool)
+            for col, _spec in eq.payload[name]:
+                target = schema.field(payload_name(name, col)).type
+                src = t.column(col)
+                try:
+                    v = pc.cast(src, target, safe=not pa.types.is_timestamp(target))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    v = pa.array([None] * n, target)
+                cols[payload_name(name, col)] = v
+                bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
+            ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            reason = np.full(n, None, dtype=object)
+            late = np.zeros(n, bool)
+            if late_before is not None:
+                late = ~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))
+            for mask, why in ((late, "late"), (ts_null, "bad_time"), (bad_type, "bad_type"), (null_key, "null_key")):
+                reason[mask] = why  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
+            bad = np.flatnonzero(reason != None)  # noqa: E711 (numpy elementwise)
+            cols["_reason"] = pa.array(reason.tolist(), pa.string())
+            file_col = np.full(n, None, dtype=object)
+            raw_col = np.full(n, None, dtype=object)
+            if len(bad):
+                file_col[bad] = path if fsutil.is_url(path) else "file://" + os.path.abspath(path)
+                rows = t.take(pa.array(bad)).to_pylist()
+                raw_col[bad] = [json.dumps({c: _spark_string(v) for c, v in r.items() if v is not None},
+                                           separators=(",", ":")) for r in rows]
+            cols["_file"] = pa.array(file_col.tolist(), pa.string())
+            cols["_raw"] = pa.array(raw_col.tolist(), pa.string())
+            parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
+                                   for f in schema], schema=schema))
+    return pa.concat_tables(parts) if parts else None

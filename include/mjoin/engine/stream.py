@@ -38,7 +38,8 @@ from .compiled import CompiledPlan
 from .config import EngineConfig, EngineError
 from .control import JobControl, Watcher
 from .inputs import as_lake, as_plan, as_query
-from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
+from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
+                        write_quarantine)
 from .source import source_frame
 from .watermark import Watermarks
 
@@ -242,16 +243,26 @@ class StreamJob:
         compiled, switch, plan_error = self.plan_for_batch(batch_id, prev)
         seen = contract.Seen(prev.get("seen_files", []) if prev else [])  # as committed before this batch
         inspected = inspect_files(self.query, eq, files, seen)
-        frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
         stages = max(len(ch.segments) for ch in compiled.chains.values())
-        if frame is not None and stages > 1:  # later stages read the batch's deltas again
-            frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        state_tuples = sum(e.get("tuples", 0) for e in (prev or {}).get("files", {}).values())
+        present = {name for (name, _), _ in inspected.groups.items()}
+        local = (state_tuples + inspected.rows <= self.config.driver_rows and self.config.driver_rows > 0
+                 and local_supported(self.query, present))
+        frame = table = None
+        if local:  # small: the driver runs the batch (no Spark job)
+            table = normalize_local(self.query, eq, inspected, late_before=late_before)
+            if table is None:
+                table = runner.arrow_schema.empty_table()
+        else:
+            frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
+            if frame is not None and stages > 1:  # later stages read the batch's deltas again
+                frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
         counts: dict = {}
         for rej in inspected.rejects:
             per = counts.setdefault(rej.stream, {})
             per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
-        binput = BatchInput(frame=frame, quarantined=counts,
+        binput = BatchInput(frame=frame, local=table if local else None, quarantined=counts,
                             quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
         prepare_seconds = time.perf_counter() - t0
 
