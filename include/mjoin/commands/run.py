@@ -44,6 +44,9 @@ def add_arguments(p):
     s.add_argument("--timeout", type=float, help="stop a processingTime run after this many seconds")
     s.add_argument("--namespace", default="", help="lake namespace for outputs (e.g. eval/run1)")
     s.add_argument("--max-files-per-trigger", type=int, help="at most this many landed files per micro-batch")
+    s.add_argument("--driver-rows", type=int, default=1_000_000, metavar="N",
+                   help="run a micro-batch on the driver (no Spark job) while its state plus new rows hold at most "
+                        "N tuples (default 1000000; 0: always on the executors)")
     s.add_argument("--idle-timeout", type=_idle_timeout, metavar="SECONDS|never",
                    help="a stream whose event time lags the leading stream's by more than this is idle: the "
                         "job's watermark does not wait for it (default: the query's largest window)")
@@ -76,7 +79,8 @@ def config_from(args):
 
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
-                        idle_timeout=getattr(args, "idle_timeout", None))
+                        idle_timeout=getattr(args, "idle_timeout", None),
+                        driver_rows=getattr(args, "driver_rows", 1_000_000))
 
 
 def execute(spark, args):
