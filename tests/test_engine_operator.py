@@ -105,7 +105,7 @@ def _run(q, data, plan, buckets=1):
                     rows = pa.concat_tables([rows, partials.filter(pa.array(pm))])
                 ctx = BucketContext(eq=eq, plan=compiled, frame_schema=schema, result_schema=arrow_result_schema(eq),
                                     batch_id=1, stage=stage, buckets=buckets)
-                out = process_bucket(ctx, c, b, rows, lambda cls, s, bb: old[(cls, s, bb)])
+                out = process_bucket(ctx, c, b, rows, lambda cls, s, bb: old.get((cls, s, bb)))
                 results += out.results
                 docs.append(out.doc)
                 produced += out.partials

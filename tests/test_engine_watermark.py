@@ -50,3 +50,14 @@ def test_legacy_manifest_reads_as_one_watermark():
     doc = Watermarks().advance({"a": SEC, "b": SEC, "c": SEC}, S, 0, SEC).to_json()
     assert Watermarks.from_manifest({"event_time": doc, "max_ts": 0}, S, 0) == \
         Watermarks(max_ts={s: SEC for s in S}, first_ts=SEC, watermark=SEC, idle=())
+
+
+def test_event_time_promise_moves_a_silent_stream():
+    """A punctuation 'no later tuple before T' of a stream without data lets the watermark pass it."""
+    w = Watermarks().advance({"a": 100 * SEC, "b": 100 * SEC}, S, 0, 600 * SEC)
+    assert w.watermark is None  # c may still start anywhere
+    w = w.advance({}, S, 0, 600 * SEC, promised={"c": 90 * SEC})
+    assert w.watermark == 90 * SEC and w.promised == {"c": 90 * SEC}
+    w = w.advance({"a": 120 * SEC, "b": 120 * SEC}, S, 5 * SEC, 600 * SEC, promised={"c": 130 * SEC})
+    assert w.watermark == 115 * SEC  # a and b (120 - 5) hold it now; c promised beyond
+    assert Watermarks.from_manifest({"event_time": w.to_json()}, S, 5 * SEC) == w

@@ -72,6 +72,16 @@ class Lake:
                 files += [fsutil.join(d, n) for n in fsutil.listdir(d) if n.endswith(".parquet")]
         return files
 
+    def punctuation_files(self, source: str) -> list[tuple[int, str]]:
+        """``[(arrival epoch, path)]`` of the punctuation files landed for ``source`` (mjoin.punctuation)."""
+        from .punctuation import FILE
+
+        out = []
+        for a in self.arrivals(source):
+            d = self.arrival_dir(source, a)
+            out += [(a, fsutil.join(d, n)) for n in fsutil.listdir(d) if FILE.match(n)]
+        return out
+
     # ---- per query, per namespace -------------------------------------------------
     def quarantine(self, query: str, stream: str | None = None) -> str:
         return self._ns("quarantine", query, *([stream] if stream else []))

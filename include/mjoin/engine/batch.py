@@ -147,6 +147,8 @@ class BatchInput:
     #: or the batch's normalised rows as an Arrow table (:func:`mjoin.engine.normalize.normalize_local`):
     #: the batch runs on the driver, no Spark job (small batches of a small state)
     local: object = None
+    #: the batch's punctuations as routed frame rows (an Arrow table, ``_kind`` 4), or None
+    punctuations: object = None
     rows_in: dict = field(default_factory=dict)  # stream -> valid rows
     quarantined: dict = field(default_factory=dict)  # stream -> reason -> rows
     max_ts: int | None = None  # max event time among the valid rows
@@ -522,7 +524,8 @@ class BatchRunner:
         cache_bytes = cfg.state_cache_mb * 1024 * 1024
         ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
                             batch_id=batch_id, stage=1, buckets=cfg.buckets, emit=emit, purge_bound=purge_bound,
-                            prefilter_accounting=cfg.prefilter_accounting)
+                            prefilter_accounting=cfg.prefilter_accounting, punctuation=plan.punctuation,
+                            punctuation_threshold=plan.punctuation_threshold)
         self.clear_quarantined_rows([batch_id])
         if binput.local is not None:
             docs, stage_seconds, physical, stage = self._run_local(ctx, binput, prev_files, results_dir, tmp,
@@ -614,11 +617,11 @@ class BatchRunner:
         elif binput.frame is not None:
             first = self.route_frame(binput.frame)
             routed = first.where("_kind = 1")
-            stage_input = self.partitioned(first.unionByName(self.ticks()))
+            stage_input = self.partitioned(self._with_punctuations(first.unionByName(self.ticks()), binput))
         else:
             deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
             routed = self.route(deltas)
-            stage_input = self.partitioned(routed.unionByName(self.ticks()))
+            stage_input = self.partitioned(self._with_punctuations(routed.unionByName(self.ticks()), binput))
 
         def run_stage(fn, df):
             mapped = df.mapInArrow(fn, "doc string")
@@ -630,6 +633,11 @@ class BatchRunner:
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, run_stage, next_input)
 
+    def _with_punctuations(self, df, binput: BatchInput):
+        if binput.punctuations is None or not binput.punctuations.num_rows:
+            return df
+        return df.unionByName(self.spark.createDataFrame(binput.punctuations.cast(self.arrow_schema)))
+
     def _run_local(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
                    cache_bytes: int):
         """The batch's stages on the driver, with the same task function Spark would run (one "task"
@@ -640,6 +648,8 @@ class BatchRunner:
 
         first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_schema)
         deltas = first.filter(pc.equal(first.column("_kind"), 1))
+        if binput.punctuations is not None and binput.punctuations.num_rows:
+            first = pa.concat_tables([first, binput.punctuations.cast(self.arrow_schema)])
 
         def run_stage(fn, table):
             return _run_task(fn, table), {"where": "driver"}
@@ -690,7 +700,8 @@ class BatchRunner:
         cache_bytes = cfg.state_cache_mb * 1024 * 1024
         ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
                             batch_id=first, stage=1, buckets=cfg.buckets, emit=True, purge_bound=None,
-                            prefilter_accounting=cfg.prefilter_accounting, track_state=True)
+                            prefilter_accounting=cfg.prefilter_accounting, track_state=True,
+                            punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold)
         conf = conf_in_effect(spark)
         docs, final, stage_seconds, physical = [], [], {}, {}
         stage_input, stage = routed, 1
@@ -725,7 +736,7 @@ class BatchRunner:
             part_df = self.spark.read.schema(schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
             # the classes the partial results enter: their deltas replay the state batch by batch
             targets = sorted({eq.class_index(seg.attr_class) for ch in plan.chains.values() for seg in ch.segments[1:]})
-            replay = routed.where(f"_kind = 1 AND _c IN ({', '.join(map(str, targets))})")
+            replay = routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})")
             stage_input = self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
 
         t0 = time.perf_counter()
@@ -791,7 +802,7 @@ class BatchRunner:
                 acc["old_keys"] += v["old_keys"]
                 acc["full_keys"] += v["full_keys"]
             for st in d["state"]:
-                if d["class"] == eq.stream_classes[st["stream"]][0]:
+                if st["stream"] in eq.stream_classes and d["class"] == eq.stream_classes[st["stream"]][0]:
                     state_tuples[st["stream"]] = state_tuples.get(st["stream"], 0) + st["tuples"]
                     state_keys[st["stream"]] = state_keys.get(st["stream"], 0) + st["keys"]
         chains = []
@@ -834,6 +845,12 @@ class BatchRunner:
                 if d.get("prefilter"):
                     for k in pre:
                         pre[k] += d["prefilter"][k]
+        punct = None
+        for d in docs:
+            if d["stage"] == 1 and d.get("punctuation"):
+                punct = punct or {}
+                for k, v in d["punctuation"].items():
+                    punct[k] = punct.get(k, 0) + v
         result_rows = sum(c["results"] for c in chains)
         quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0) for r in REASONS} for s in eq.streams}
         task_seconds = sum(d["seconds"] for d in docs)
@@ -846,7 +863,7 @@ class BatchRunner:
             "quarantined": quarantined, "quarantined_files": binput.quarantined_files,
             "result_rows": result_rows, "state_tuples": {s: state_tuples.get(s, 0) for s in eq.streams},
             "state_keys": {s: state_keys.get(s, 0) for s in eq.streams}, "state_backend": "sorted",
-            "chains": chains, "prefilter": pre,
+            "chains": chains, "prefilter": pre, "punctuation": punct,
             "buckets": self.config.buckets, "shuffle_partitions": self.partitions,
             "task_seconds": round(task_seconds, 6), "task_cpu_seconds": round(task_cpu, 6),
             "state_load_seconds": round(sum(d["load_seconds"] for d in docs), 6),

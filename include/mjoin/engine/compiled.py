@@ -122,6 +122,8 @@ class CompiledPlan:
     partitioning: dict | None = None
     prefilter: bool = False
     groups: tuple = (0,)
+    punctuation: str = "eager"  # eager | lazy | off (plan.options.punctuation)
+    punctuation_threshold: int = 1000
 
     @classmethod
     def from_plan(cls, query, plan, source: str = "cli", prefilter: bool | None = None) -> "CompiledPlan":
@@ -143,7 +145,9 @@ class CompiledPlan:
                         start = k
                 chains[(g, s)] = ChainPlan(s, g, steps, tuple(segs))
         return cls(version=plan.version, strategy=plan.strategy, source=source, chains=chains,
-                   partitioning=plan.partitioning, prefilter=use_prefilter, groups=tuple(plan.group_ids))
+                   partitioning=plan.partitioning, prefilter=use_prefilter, groups=tuple(plan.group_ids),
+                   punctuation=plan.options.get("punctuation", "eager"),
+                   punctuation_threshold=int(plan.options.get("punctuation_threshold", 1000)))
 
     def chain(self, stream: str, group: int = 0) -> ChainPlan:
         return self.chains[(group, stream)]

@@ -26,7 +26,7 @@ from .compiled import MICROS
 from .config import EngineConfig, EngineError
 from .inputs import as_lake, as_query, compile_plan
 from .metrics import shuffle_bytes, write_jsonl
-from .normalize import add_counts, inspect_files, normalize_streams, write_quarantine
+from .normalize import add_counts, inspect_files, normalize_streams, punctuation_rows, write_quarantine
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class IntervalInput:
     rejects: list  # FileReject
     seconds: float = 0.0
     streams: tuple = ()  # the engine's stream order (``_s``)
+    punctuations: list = field(default_factory=list)  # [(path, source, arrival, batch)] of punctuation files
 
     def valid(self):
         from pyspark.sql import functions as F
@@ -136,9 +137,29 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     if frame is not None:
         frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
             .where(F.col("_batch").isNotNull())
+    punct = _interval_punctuations(query, in_lake, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, time.perf_counter() - t0,
-                         eq.streams)
+                         eq.streams, punct)
+
+
+def _interval_punctuations(query, lake, start_us: int, end_us: int, cycle_us: int) -> list:
+    """``[(path, source, arrival, batch)]`` of the lake's punctuation files: each in the batch that holds
+    the latest event time of its folder's data (after it, the promise holds); earlier ones in the
+    warm-up (batch 0), later ones not at all."""
+    from ..contract import inspect as inspect_file
+
+    out, folder_end = [], {}
+    for s in query.streams:
+        for a, path in lake.punctuation_files(s.source):
+            if (s.source, a) not in folder_end:
+                ends = [f.ts_max for f in (inspect_file(p, s) for p in lake.stream_files(s.source, a, a + 1))
+                        if f.ts_max is not None]
+                folder_end[(s.source, a)] = int(round(max(ends) * 1_000_000)) if ends else a * 1_000_000
+            t = folder_end[(s.source, a)]
+            if t < end_us:
+                out.append((path, s.source, a, 0 if t < start_us else int(1 + (t - start_us) // cycle_us)))
+    return list(dict.fromkeys(out))
 
 
 @dataclass
@@ -173,6 +194,17 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
     routed = runner.ticks(list(range(0, data.n_batches + 1)))
     if data.frame is not None:
         routed = runner.route_frame(data.frame, keep=("_batch",)).unionByName(routed)
+    if data.punctuations:
+        batch = {path: b for path, _, _, b in data.punctuations}
+        rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
+                                        runner.config.buckets, runner.arrow_schema,
+                                        batch_of=lambda path, arrival: batch[path])
+        data.rejects += bad
+        if rows is not None:
+            from pyspark.sql.types import IntegerType, StructField, StructType
+
+            schema = StructType(list(runner.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
+            routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
     key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
     return runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key))
 

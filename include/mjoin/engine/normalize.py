@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.contract)
 ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
-REASONS = ROW_REASONS + contract.FILE_REASONS
+#: and a punctuation file that does not follow mjoin.punctuation's format
+REASONS = ROW_REASONS + contract.FILE_REASONS + ("bad_punctuation",)
 _SPARK_TYPES = {"long": "bigint", "int": "int", "short": "smallint", "string": "string", "double": "double",
                 "float": "float", "boolean": "boolean", "date": "date", "timestamp": "timestamp"}
 
@@ -420,3 +421,69 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
             parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
                                    for f in schema], schema=schema))
     return pa.concat_tables(parts) if parts else None
+
+
+# ---- punctuations: promises as routed rows -----------------------------------------------------------
+
+
+def punctuation_rows(query, eq: EngineQuery, landed: list, buckets: int, schema: pa.Schema,
+                     batch_of=None) -> tuple[pa.Table | None, dict, list]:
+    """The landed punctuation files (``landed``: ``[(path, source, arrival epoch)]``) as routed frame rows
+    (``_kind`` 4: ``_s`` the promising stream, the class key column = the lowest key, ``_hi`` the highest,
+    ``_ts`` when promised = the arrival's start in micros; one row per bucket an interval covers), the
+    event-time promises (stream -> micros: no later tuple before it), and the files that could not be
+    read (``FileReject``, reason ``bad_punctuation``). ``batch_of(path, arrival) -> batch or None`` adds a
+    ``_batch`` column (interval runs; None drops the file)."""
+    import numpy as np
+
+    from .. import punctuation as pmod
+
+    by_source: dict = {}
+    for s in query.streams:
+        by_source.setdefault(s.source, []).append(s.name)
+    cols = {n: [] for n in ("_s", "_c", "_b", "_ts", "_key", "_hi", "_batch")}
+    event_time: dict = {}
+    rejects = []
+    for path, source, arrival in landed:
+        b = batch_of(path, arrival) if batch_of is not None else None
+        if batch_of is not None and b is None:
+            continue
+        for name in by_source.get(source, []):
+            try:
+                p = pmod.read(path)
+            except (pmod.PunctuationError, OSError) as exc:
+                rejects.append(FileReject(name, path, "bad_punctuation", str(exc), None))
+                continue
+            if p.event_time_before is not None:
+                t = int(round(p.event_time_before * 1_000_000))
+                event_time[name] = max(t, event_time.get(name, t))
+            classes = [c for c in eq.stream_classes[name] if eq.key_columns[(name, c)] == p.column]
+            if not classes or not (p.keys or p.ranges):
+                continue
+            ci = eq.class_index(classes[0])
+            intervals = [(k, k) for k in p.keys] + list(p.ranges)
+            for lo, hi in intervals:
+                span = range(buckets) if hi - lo + 1 >= buckets else sorted({k % buckets for k in range(lo, hi + 1)})
+                for bk in span:
+                    cols["_s"].append(eq.index(name))
+                    cols["_c"].append(ci)
+                    cols["_b"].append(bk)
+                    cols["_ts"].append(int(arrival) * 1_000_000)
+                    cols["_key"].append(lo)
+                    cols["_hi"].append(hi)
+                    cols["_batch"].append(b)
+    n = len(cols["_s"])
+    if not n:
+        return None, event_time, rejects
+    arrays = {"_kind": pa.array(np.full(n, 4, np.int8)), "_s": pa.array(cols["_s"], pa.int32()),
+              "_c": pa.array(cols["_c"], pa.int32()), "_b": pa.array(cols["_b"], pa.int32()),
+              "_ts": pa.array(cols["_ts"], pa.int64()), "_hi": pa.array(cols["_hi"], pa.int64())}
+    c_arr = np.asarray(cols["_c"])
+    for ci, c in enumerate(eq.classes):
+        arrays[key_name(c)] = pa.array(np.where(c_arr == ci, np.asarray(cols["_key"], dtype=np.int64), 0),
+                                       pa.int64(), mask=c_arr != ci)
+    fields = list(schema)
+    table = pa.table([arrays[f.name] if f.name in arrays else pa.nulls(n, f.type) for f in fields], schema=schema)
+    if batch_of is not None:
+        table = table.append_column("_batch", pa.array(cols["_batch"], pa.int32()))
+    return table, event_time, rejects

@@ -40,7 +40,8 @@ from ..partition import group_of
 from .compiled import CompiledPlan, EngineQuery, key_name
 
 EMPTY = np.zeros(0, dtype=np.int64)
-KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT = 0, 1, 2, 3
+KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT = 0, 1, 2, 3, 4
+PROMISES = "__promises"  # suffix of a stream's promise state (its punctuations) in a (class, bucket)
 
 
 def expand(start: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -340,6 +341,10 @@ class BucketContext:
     #: compute the bucket's next state in stages after the first too (pipelined interval runs
     #: replay the state of a class while probing the partial results routed to it)
     track_state: bool = False
+    #: punctuations (PJoin): "eager" purges the tuples a punctuation makes useless every batch, "lazy"
+    #: once they number at least ``punctuation_threshold`` in the bucket, "off" ignores punctuations
+    punctuation: str = "eager"
+    punctuation_threshold: int = 1000
 
     def state_schema(self, stream: str) -> pa.Schema:
         return pa.schema([self.frame_schema.field(c) for c in self.eq.state_columns(stream)])
@@ -361,7 +366,53 @@ class BucketOutput:
     doc: dict
     results: list = field(default_factory=list)  # pa.Tables
     partials: list = field(default_factory=list)  # pa.Tables in frame schema
-    new_state: dict = field(default_factory=dict)  # stream -> StateUpdate
+    new_state: dict = field(default_factory=dict)  # stream (or stream + PROMISES) -> StateUpdate
+    rejects: list = field(default_factory=list)  # pa.Tables (_s, _reason, _file, _raw): tuples to quarantine
+
+
+# ---- punctuations (PJoin) ---------------------------------------------------------------------------
+
+
+def _promise_schema(attr_class: str) -> pa.Schema:
+    """A stream's promises in a (class, bucket): the keys ``[key, _hi]`` it will not send again (an exact
+    key has ``_hi == key``), ``_ts`` when promised (micros)."""
+    return pa.schema([pa.field("_ts", pa.int64()), pa.field(key_name(attr_class), pa.int64()),
+                      pa.field("_hi", pa.int64())])
+
+
+def _intervals(rows: KeyedRows | None):
+    from ..punctuation import merged_ranges
+
+    if rows is None or len(rows) == 0:
+        return EMPTY, EMPTY
+    return merged_ranges(rows.key, rows.keys_of("_hi"))
+
+
+def _dead_mask(keys: np.ndarray, promised: dict, states: dict, exclude: str | None = None) -> np.ndarray:
+    """Which ``keys`` no future result can have: promised away by some stream s (``promised``: s ->
+    disjoint intervals) that holds no tuple with the key any more (``states``: s -> its state);
+    ``exclude``: the stream whose tuples these keys are (its own promise says nothing about its tuples)."""
+    from ..punctuation import covered
+
+    out = np.zeros(len(keys), dtype=bool)
+    for s, (lo, hi) in promised.items():
+        if s == exclude or len(lo) == 0 or len(keys) == 0:
+            continue
+        out |= covered(keys, lo, hi) & ~states[s].contains(keys)
+    return out
+
+
+def _reject_table(ctx: BucketContext, rows: KeyedRows, stream: str, idx: np.ndarray, reason: str) -> pa.Table:
+    """Tuples of the state layout to quarantine (the row as JSON of its time, keys and payload)."""
+    import json
+
+    part = rows.table.take(pa.array(idx)).to_pylist()
+    raw = [json.dumps({k: (v if not hasattr(v, "isoformat") else v.isoformat()) for k, v in r.items()}, default=str)
+           for r in part]
+    n = len(idx)
+    return pa.table({"_s": pa.array(np.full(n, ctx.eq.index(stream), np.int32)),
+                     "_reason": pa.array([reason] * n, pa.string()), "_file": pa.nulls(n, pa.string()),
+                     "_raw": pa.array(raw, pa.string())})
 
 
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
@@ -484,6 +535,56 @@ def _prefilter(ctx: BucketContext, groups: Groups, chain, views: dict, doc: dict
     return groups if len(dropped) == 0 else groups.subset(np.flatnonzero(keep))
 
 
+def _apply_punctuations(ctx: BucketContext, attr_class: str, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray,
+                        members, promises: dict, new: dict, out: BucketOutput, punct: dict | None) -> dict | None:
+    """After a batch: add the batch's punctuations to each stream's promises, forget promises older than
+    twice the largest window before the purge bound, and purge (eagerly, or lazily once at least
+    ``punctuation_threshold`` tuples qualify) every tuple whose key is dead: promised away by a stream that
+    holds it no more. Updates ``new`` (stream -> state) and ``out.new_state`` (promise states)."""
+    eq = ctx.eq
+    kcol = key_name(attr_class)
+    sel = np.flatnonzero(kind == KIND_PUNCT)
+    fresh = {}
+    if len(sel):
+        part = rows.take(pa.array(sel))
+        idx = s_idx[sel]
+        for j in members:
+            mine = np.flatnonzero(idx == eq.index(j))
+            if len(mine):
+                t = part.take(pa.array(mine))
+                fresh[j] = KeyedRows(pa.table([t.column("_ts"), t.column(kcol), t.column("_hi")],
+                                              schema=_promise_schema(attr_class)), kcol)
+    if not promises and not fresh:
+        return punct
+    punct = punct or {"skipped": 0, "violations": 0}
+    horizon = 2 * max(eq.window_us.values())
+    forget = None if ctx.purge_bound is None else ctx.purge_bound - horizon
+    held = {}
+    for j in members:
+        before = promises.get(j, KeyedRows.empty(_promise_schema(attr_class), kcol))
+        now = before.concat(fresh[j]) if j in fresh else before
+        now = now.purge(forget)
+        if len(now) or len(before):
+            out.new_state[j + PROMISES] = StateUpdate(now, fresh.get(j, KeyedRows.empty(_promise_schema(attr_class),
+                                                                                         kcol)),
+                                                      forget, changed=now is not before)
+        if len(now):
+            held[j] = _intervals(now)
+    masks = {j: _dead_mask(new[j].key, held, new, exclude=j) for j in members}
+    dead_tuples = sum(int(m.sum()) for m in masks.values())
+    purged = 0
+    if dead_tuples and (ctx.punctuation == "eager" or dead_tuples >= ctx.punctuation_threshold):
+        for j, m in masks.items():
+            if m.any():
+                keep = np.flatnonzero(~m)
+                r = new[j]
+                new[j] = KeyedRows._sorted(r.table.take(pa.array(keep)), kcol, r.key[keep], r.ts[keep])
+                purged += int(m.sum())
+    punct.update(promised=sum(len(f) for f in fresh.values()), promises_held=sum(len(v[0]) for v in held.values()),
+                 dead_tuples=dead_tuples, purged=purged)
+    return punct
+
+
 def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Table, load_state) -> BucketOutput:
     """Run one stage of one batch for one (attribute class, bucket).
 
@@ -499,16 +600,39 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
     kind = np.asarray(rows.column("_kind").to_numpy(zero_copy_only=False), dtype=np.int8) if rows.num_rows else np.zeros(0, np.int8)
     s_idx = (np.asarray(rows.column("_s").fill_null(-1).to_numpy(), dtype=np.int64)
              if rows.num_rows else EMPTY)
-    old = {}
+    old, promises = {}, {}
     t0 = time.perf_counter()
     for j in members:
         st = load_state(attr_class, j, bucket)
         old[j] = st if st is not None else KeyedRows.empty(ctx.state_schema(j), kcol)
+        if ctx.punctuation != "off":
+            pr = load_state(attr_class, j + PROMISES, bucket)
+            if pr is not None and len(pr):
+                promises[j] = pr
     load_seconds = time.perf_counter() - t0
     delta = {j: _stream_rows(ctx, rows, kind, s_idx, j, attr_class) for j in members}
-    full = {j: old[j].concat(delta[j]) for j in members}
     out = BucketOutput(doc={"stage": ctx.stage, "class": attr_class, "bucket": bucket, "chains": [],
                             "load_seconds": load_seconds})
+    counted = {j: len(delta[j]) for j in members}  # accepted new tuples (before any punctuation skips them)
+    newest = {j: int(delta[j].ts.max()) for j in members if len(delta[j])}
+    punct = None
+    if promises:  # new tuples whose key no future result can have are neither probed nor kept
+        punct = {"skipped": 0, "violations": 0}
+        promised = {j: _intervals(pr) for j, pr in promises.items()}
+        for j in members:
+            d = delta[j]
+            if not len(d):
+                continue
+            drop = _dead_mask(d.key, promised, old, exclude=j)
+            if j in promised:  # its own tuples after its promise: counted, joined as they are
+                from ..punctuation import covered
+
+                punct["violations"] += int(covered(d.key, *promised[j]).sum())
+            if drop.any():
+                punct["skipped"] += int(drop.sum())
+                keep = np.flatnonzero(~drop)
+                delta[j] = KeyedRows._sorted(d.table.take(pa.array(keep)), kcol, d.key[keep], d.ts[keep])
+    full = {j: old[j].concat(delta[j]) for j in members}
     pre = {"checked": 0, "dropped": 0, "lookups_saved": 0, "matches_saved": 0, "seconds": 0.0} if plan.prefilter else None
     chains = out.doc["chains"]
     if ctx.emit and ctx.stage == 1:
@@ -551,14 +675,20 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 _run_segment(ctx, out, doc, groups, chain, seg, views)
                 chains.append(doc)
     if ctx.stage == 1 or ctx.track_state:
+        new = {}
         for j in members:
             threshold = None if ctx.purge_bound is None else ctx.purge_bound - eq.window_us[j]
-            new = full[j].purge(threshold)
-            out.new_state[j] = StateUpdate(new, delta[j], threshold, changed=new is not old[j])
+            new[j] = full[j].purge(threshold)
+        if ctx.punctuation != "off":
+            punct = _apply_punctuations(ctx, attr_class, rows, kind, s_idx, members, promises, new, out, punct)
+        for j in members:
+            out.new_state[j] = StateUpdate(new[j], delta[j], None if ctx.purge_bound is None else
+                                           ctx.purge_bound - eq.window_us[j], changed=new[j] is not old[j])
     if ctx.stage == 1:  # the batch's accepted tuples, counted once: in their stream's first class
-        firsts = [j for j in members if eq.stream_classes[j][0] == attr_class and len(delta[j])]
-        out.doc["rows_in"] = {j: len(delta[j]) for j in firsts}
-        out.doc["max_ts"] = {j: int(delta[j].ts.max()) for j in firsts}
+        firsts = [j for j in members if eq.stream_classes[j][0] == attr_class and counted[j]]
+        out.doc["rows_in"] = {j: counted[j] for j in firsts}
+        out.doc["max_ts"] = {j: newest[j] for j in firsts}
+        out.doc["punctuation"] = punct
     out.doc["prefilter"] = pre
     out.doc["views"] = {j: {"old_keys": old[j].nkeys, "full_keys": full[j].nkeys, "old_tuples": len(old[j]),
                             "full_tuples": len(full[j])} for j in members}

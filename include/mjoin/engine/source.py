@@ -15,6 +15,9 @@ path) within one listing. An offset is a position in that log (``{"seq": n}``): 
 fixes which positions a batch id holds, and the file log never changes what a position means, so a
 batch re-run after a crash sees the same files. Modification times play no part.
 
+- What is listed: the Parquet files (``kind = "data"``) and the punctuation files
+  (``punctuation-<n>.json``, ``kind = "punctuation"``, :mod:`mjoin.punctuation`), a folder's data
+  before its punctuations.
 - Listing: every arrival folder once (new folders), and again while its arrival epoch is within
   ``recheck_seconds`` of the newest arrival seen for the source (a producer that writes a folder's
   files one by one instead of renaming the folder whole is still caught then). A file that turns
@@ -38,6 +41,7 @@ import re
 from dataclasses import dataclass
 
 from .. import fsutil
+from ..punctuation import FILE as PUNCTUATION
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ SEGMENT = re.compile(r"^(\d{12})\.json$")
 #: fold committed log segments into known.json beyond this many
 COMPACT_SEGMENTS = 64
 #: the schema of the source's rows (what a micro-batch's DataFrame holds: one row per file)
-SCHEMA = "seq long, path string, source string, arrival long, size long, mtime double"
+SCHEMA = "seq long, path string, source string, arrival long, size long, mtime double, kind string"
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,11 @@ class FileEntry:
     arrival: int | None
     size: int
     mtime: float
+    kind: str = "data"  # "data" (Parquet) or "punctuation" (mjoin.punctuation), after its folder's data
 
     def to_json(self) -> dict:
         return {"seq": self.seq, "path": self.path, "source": self.source, "arrival": self.arrival,
-                "size": self.size, "mtime": self.mtime}
+                "size": self.size, "mtime": self.mtime, "kind": self.kind}
 
 
 def file_log_dir(checkpoint: str) -> str:
@@ -163,15 +168,17 @@ def discover(lake, sources: list[str], flog: FileLog, recheck_seconds: float) ->
             listed = flog.folders.get(key, set())
             for info in fs.get_file_info(pafs.FileSelector(fpath)):
                 fname = os.path.basename(info.path)
-                if info.type != pafs.FileType.File or fname in listed or not fname.endswith(".parquet") \
-                        or fname.startswith((".", "_")):
+                if info.type != pafs.FileType.File or fname in listed or fname.startswith((".", "_")):
+                    continue
+                kind = "data" if fname.endswith(".parquet") else "punctuation" if PUNCTUATION.match(fname) else None
+                if kind is None:
                     continue
                 path = fsutil.join(root, name, fname)
-                found.append((epoch, rank, path, {"path": path, "source": source, "arrival": epoch,
-                                                  "size": int(info.size or 0),
-                                                  "mtime": info.mtime.timestamp() if info.mtime else 0.0}))
-    found.sort(key=lambda f: f[:3])
-    return flog.append([f[3] for f in found])
+                found.append((epoch, rank, kind == "punctuation", path,
+                              {"path": path, "source": source, "arrival": epoch, "size": int(info.size or 0),
+                               "mtime": info.mtime.timestamp() if info.mtime else 0.0, "kind": kind}))
+    found.sort(key=lambda f: f[:4])  # arrival, stream order, a folder's data before its punctuations, path
+    return flog.append([f[4] for f in found])
 
 
 # ---- the PySpark data source ------------------------------------------------------------------
@@ -226,7 +233,7 @@ def _pyspark_classes():
             return {"seq": self.log.next_seq}
 
         def partitions(self, start, end):
-            rows = [(e.seq, e.path, e.source, e.arrival, e.size, e.mtime)
+            rows = [(e.seq, e.path, e.source, e.arrival, e.size, e.mtime, e.kind)
                     for e in self.log.between(int(start["seq"]), int(end["seq"]))]
             return [FilesPartition(rows)] if rows else []
 

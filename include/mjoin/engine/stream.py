@@ -39,7 +39,7 @@ from .config import EngineConfig, EngineError
 from .control import JobControl, Watcher
 from .inputs import as_lake, as_plan, as_query
 from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
-                        write_quarantine)
+                        punctuation_rows, write_quarantine)
 from .source import source_frame
 from .watermark import Watermarks
 
@@ -236,7 +236,8 @@ class StreamJob:
         spark, eq, runner = self.spark, self.eq, self.runner
         t0 = time.perf_counter()
         entries = sorted(df.collect(), key=lambda r: r.seq)
-        files, ignored = self.files_by_stream(entries)
+        files, ignored = self.files_by_stream([e for e in entries if e.kind != "punctuation"])
+        punctuations = [(e.path, e.source, e.arrival) for e in entries if e.kind == "punctuation"]
         prev = runner.store.latest_before(batch_id)
         marks = Watermarks.from_manifest(prev, eq.streams, eq.lateness_us)
         late_before = marks.watermark  # rows below the job's watermark when the batch starts are late
@@ -257,17 +258,20 @@ class StreamJob:
             frame = normalize_streams(spark, self.query, eq, inspected, late_before=late_before)
             if frame is not None and stages > 1:  # later stages read the batch's deltas again
                 frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        punct_rows, promised, bad_punct = punctuation_rows(self.query, eq, punctuations, self.config.buckets,
+                                                          runner.arrow_schema)
+        inspected.rejects += bad_punct
         write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
         counts: dict = {}
         for rej in inspected.rejects:
             per = counts.setdefault(rej.stream, {})
             per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
-        binput = BatchInput(frame=frame, local=table if local else None, quarantined=counts,
+        binput = BatchInput(frame=frame, local=table if local else None, punctuations=punct_rows, quarantined=counts,
                             quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
         prepare_seconds = time.perf_counter() - t0
 
         def after_tasks(done: BatchInput):
-            after = marks.advance(done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us)
+            after = marks.advance(done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us, promised)
             # duplicates are remembered while they could still double-count: until the job's watermark
             # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
             for f in seen.files:
@@ -288,6 +292,7 @@ class StreamJob:
                 "arrivals": [min((e.arrival for e in entries if e.arrival is not None), default=None),
                              max((e.arrival for e in entries if e.arrival is not None), default=None)],
                 "files": sum(len(v) for v in files.values()), "files_ignored": ignored,
+                "punctuation_files": len(punctuations),
                 "prepare_seconds": round(prepare_seconds, 6)})
         finally:
             if frame is not None and stages > 1:

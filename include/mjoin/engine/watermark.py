@@ -34,6 +34,8 @@ class Watermarks:
     first_ts: int | None = None  # the first batch's smallest per-stream maximum (progress of silent streams)
     watermark: int | None = None  # the job's watermark (micros); None: no row is late yet
     idle: tuple = ()  # streams lagging the leader by more than the idle timeout
+    #: stream -> event time (micros) it promised no later tuple below (a punctuation, mjoin.punctuation)
+    promised: dict = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: dict | None, streams, lateness_us: int) -> "Watermarks":
@@ -44,33 +46,43 @@ class Watermarks:
         et = manifest.get("event_time")
         if et:
             return cls(max_ts={s: int(v) for s, v in et.get("max_ts", {}).items()}, first_ts=et.get("first_ts"),
-                       watermark=et.get("watermark"), idle=tuple(et.get("idle", ())))
+                       watermark=et.get("watermark"), idle=tuple(et.get("idle", ())),
+                       promised={s: int(v) for s, v in et.get("promised", {}).items()})
         legacy = manifest.get("max_ts")
         if legacy is None:
             return cls()
         return cls(max_ts={s: int(legacy) for s in streams}, first_ts=int(legacy),
                    watermark=int(legacy) - lateness_us)
 
-    def advance(self, batch_max: dict, streams, lateness_us: int, idle_us: float) -> "Watermarks":
-        """The watermarks after a batch whose accepted rows reached ``batch_max`` (stream -> micros)."""
+    def advance(self, batch_max: dict, streams, lateness_us: int, idle_us: float,
+                promised: dict | None = None) -> "Watermarks":
+        """The watermarks after a batch whose accepted rows reached ``batch_max`` (stream -> micros) and
+        whose punctuations promised ``promised`` (stream -> micros: no later tuple of it before that)."""
         max_ts = dict(self.max_ts)
         for s, v in batch_max.items():
             if v is not None:
                 max_ts[s] = max(int(v), max_ts.get(s, int(v)))
+        prom = dict(self.promised)
+        for s, v in (promised or {}).items():
+            prom[s] = max(int(v), prom.get(s, int(v)))
+        # a promise counts as the stream's progress: its watermark may be the promised bound itself
+        known = {s: max(max_ts.get(s, -(1 << 62)), prom[s] + lateness_us if s in prom else -(1 << 62))
+                 for s in streams if s in max_ts or s in prom}
         first = self.first_ts
-        if first is None and max_ts:
-            first = min(max_ts.values())
+        if first is None and known:
+            first = min(known.values())
         if first is None:
-            return self
-        progress = {s: max_ts.get(s, first) for s in streams}
+            return Watermarks(max_ts=max_ts, promised=prom)
+        progress = {s: known.get(s, first) for s in streams}
         lead = max(progress.values())
         floor = lead - idle_us  # how far behind the leader the watermark may stay
         idle = tuple(s for s in streams if progress[s] < floor)
         wm = self.watermark
-        if all(s in max_ts or s in idle for s in streams):
+        if all(s in known or s in idle for s in streams):
             cand = max(min(progress.values()), floor) - lateness_us
             wm = cand if wm is None else max(wm, cand)
-        return Watermarks(max_ts=max_ts, first_ts=first, watermark=int(wm) if wm is not None else None, idle=idle)
+        return Watermarks(max_ts=max_ts, first_ts=first, watermark=int(wm) if wm is not None else None, idle=idle,
+                          promised=prom)
 
     def per_stream(self, lateness_us: int) -> dict:
         """Each stream's own watermark (None: no row yet)."""
@@ -79,4 +91,6 @@ class Watermarks:
     def to_json(self) -> dict:
         doc = asdict(self)
         doc["idle"] = list(self.idle)
+        if not doc["promised"]:
+            del doc["promised"]
         return doc
