@@ -19,6 +19,11 @@ from pathlib import Path
 from .resources import PROJECT_DIR
 
 DEFAULT_HOME = PROJECT_DIR / ".airflow"
+#: SQLite connection arguments of the embedded profile (``[database] sql_alchemy_connect_args``): wait up to
+#: 60 s for a lock instead of sqlite3's 5 s, so a CLI command or an API call made while the scheduler and the
+#: dag-processor write does not fail with "database is locked" (a 500 from the api-server)
+SQLITE_CONNECT_ARGS = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
 
 
 def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, base: dict | None = None) -> dict:
@@ -42,6 +47,9 @@ def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, 
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
+    if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):  # the embedded SQLite database
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "mjoin.airflow_env.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC", "mjoin.airflow_env.SQLITE_CONNECT_ARGS_ASYNC")
     env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": env.get("MJOIN_SPARK_MASTER", "local[*]")}))
     if lake:
         env["MJOIN_LAKE"] = str(lake)
