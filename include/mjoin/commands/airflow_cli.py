@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 NAME = "airflow-cli"
-HELP = "run an `airflow ...` command on this project's Airflow (AIRFLOW_HOME=.airflow, dags/, plugins/)"
+HELP = "run an airflow command on this project's Airflow (AIRFLOW_HOME=.airflow, dags/, plugins/)"
 DESCRIPTION = """Run the `airflow` command line with the environment `make airflow` uses (mjoin.airflow_env):
 AIRFLOW_HOME (default .airflow in the project, SQLite), this checkout's dags/ and plugins/, the
 Spark connection, MJOIN_LAKE. Everything after `airflow-cli` is passed to `airflow` unchanged,

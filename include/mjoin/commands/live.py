@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 NAME = "live"
-HELP = "feed the lake with a real-time TPC-DS replay starting now (what `make airflow` runs beside Airflow)"
+HELP = "feed the lake with a real-time TPC-DS replay starting now (what make airflow runs beside Airflow)"
 DESCRIPTION = """Generate TPC-DS streams (the paper's replay, offline dsdgen, cached) whose event times are
 wall-clock times, and land each arrival cycle into <lake>/streams/ when it ends, from now on,
 one chunk after another (each chunk another seed), until Ctrl-C or --until. --backlog lands
