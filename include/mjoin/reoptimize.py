@@ -1,7 +1,9 @@
 """The steps of one re-optimization run, as plain functions (the DAG only wires them).
 
 ARCHITECTURE.md, "Data flow of one re-optimization": for the interval
-``[end - period, end)`` ending at the run's logical date:
+``[end - period, end)`` of whole statistics cycles ending at the last cycle
+boundary at or before the run's logical date (:func:`interval_for`), judged
+once its last cycle is complete (:func:`await_cycles`):
 
     land (cycle mode) -> input gate -> join (Spark) -> statistics (Spark) -> gate
       -> forecast (Holt) -> gate -> optimize -> plan gate -> publish + activate -> record
@@ -27,8 +29,11 @@ given). Every step uses :meth:`LoopConfig.gate_config`, and messages print the
 threshold the plan gate actually used.
 
 Outcomes: ``record`` writes ``outcome.json`` into the run folder (one file per
-run, atomically); :func:`mjoin.ui.read_outcomes` reads them back sorted, so two
-runs at once in one namespace never lose each other's outcome.
+run, atomically), for every run, with the reason a failed one failed (the
+DAG's failure callback keeps each task's error there, :func:`note_failure`;
+a run whose ``prepare`` failed gets the folder :func:`fallback_context`
+rebuilds); :func:`mjoin.ui.read_outcomes` reads them back sorted, so two runs
+at once in one namespace never lose each other's outcome.
 """
 from __future__ import annotations
 
