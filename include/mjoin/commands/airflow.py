@@ -35,10 +35,12 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..airflow_env import admin_password, airflow_cmd, airflow_env, ensure_db
+    from ..airflow_env import admin_password, airflow_env, ensure_db
 
     env = airflow_env(args.home, args.lake)
     env["AIRFLOW__API__PORT"] = str(args.port)
+    # tasks report to the api-server's execution API: on another port than 8080 they must be told where it is
+    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"http://localhost:{args.port}/execution/"
     ensure_db(env)
     print(f"Airflow home {env['AIRFLOW_HOME']}, DAGs from {env['AIRFLOW__CORE__DAGS_FOLDER']}")
     print(f"UI: http://localhost:{args.port}  (user admin)")
@@ -66,9 +68,7 @@ def run(args) -> int:
         if was == "running":
             server = None  # someone else's: leave it running
     try:
-        airflow_cmd(["standalone"], env, check=False)
-    except KeyboardInterrupt:
-        pass
+        _standalone(env)
     finally:
         if feed is not None:
             _stop(feed)
@@ -77,6 +77,50 @@ def run(args) -> int:
 
             connect_server.stop()
     return 0
+
+
+def _standalone(env: dict) -> None:
+    """``airflow standalone`` in its own process group until it exits, or Ctrl-C / SIGTERM here: then the whole
+    group gets SIGINT (what a terminal's Ctrl-C does), 30 s to stop, then SIGTERM, then SIGKILL. Measured:
+    standalone itself may hang reaping its components, or exit leaving them running, so the group is signalled,
+    and the feed and the Spark Connect server stop after it in any case."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
+                            start_new_session=True)
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        for sig, grace in ((signal.SIGINT, 30), (signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                proc.poll()
+                time.sleep(0.5)
+            if not _group_alive(proc.pid):
+                break
+        proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+    import signal
+
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _start_feed(env: dict, sf: float):
