@@ -511,6 +511,9 @@ def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
     assert out["status"] == "failed" and out["failed_tasks"] == ["prepare", "land", "deploy"]
     assert out["reason"] == problem and out["reasons"] == {"prepare": problem}
     assert [r["reason"] for r in read_outcomes(Lake(str(tmp_path)), QUERY)] == [problem]
+    # the run cleared and re-run with good params: the earlier attempt's note is not a reason any more
+    again = record(cfg, ctx, {"prepare": "success", "deploy": "skipped"})
+    assert (again["status"], again["reason"], again["reasons"]) == ("skipped", None, {})
     # a query that does not load still gets a folder (named after the reference) and an outcome
     bad, why = lenient_config({**params, "query": "no/such_spec.yaml", "cycle": "often"}, run_id="manual__y")
     assert "/reports/such_spec/runs/" in fallback_context(bad, "2026-01-01T00:05:00Z")["run_dir"] and why

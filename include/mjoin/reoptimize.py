@@ -773,7 +773,8 @@ def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
         prev = dep.get("previous")
         changes = reg.get(version).diff(reg.get(prev) if prev is not None else None)
     failed = [t for t, s in states.items() if s in ("failed", "upstream_failed")]
-    reasons = failure_reasons(folder)
+    # only tasks failed now: a cleared and re-run run may have notes of an earlier attempt that since succeeded
+    reasons = {t: m for t, m in failure_reasons(folder).items() if states.get(t) == "failed"}
     for t in failed:
         if states[t] == "failed" and t not in reasons:  # failed without a note (e.g. killed): say where to look
             reasons[t] = f"{t} failed; see its task log"
