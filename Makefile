@@ -13,7 +13,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: setup demo test airflow bench clean help
+.PHONY: setup demo test airflow airflow-cli bench clean help
 
 help:
 	@sed -n '1,4p' Makefile
@@ -36,8 +36,14 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc
 
+# `make airflow` also runs the live TPC-DS feed into the lake (python -m mjoin live); LIVE=0: a real source feeds it
+LIVE ?= 1
 airflow: $(STAMP)
-	$(PY) -m mjoin airflow
+	$(PY) -m mjoin airflow $(if $(filter 1,$(LIVE)),--live,)
+
+# any airflow command with the project's environment, e.g. make airflow-cli ARGS="dags list"
+airflow-cli: $(STAMP)
+	$(PY) -m mjoin airflow-cli $(ARGS)
 
 # The benchmarks are separate scripts (long at full size, results committed under bench/*/results/): list them.
 bench: $(STAMP)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, spark_env
+from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
@@ -29,7 +30,7 @@ EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
     catchup=False,
     max_active_runs=1,
     params={
-        "query": Param(DEFAULT_QUERY, type="string", minLength=1, description="query spec name or path"),
+        "query": Param(DEFAULT_QUERY, type="string", enum=query_choices(), description="query spec (include/queries/)"),
         "lake": Param("", type="string", description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
         "start": Param("2026-01-01T00:00:00Z", type="string", format="date-time", description="first interval start"),
         "end": Param("2026-01-01T00:30:00Z", type="string", format="date-time", description="end of the range (exclusive)"),
@@ -47,10 +48,20 @@ EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
 def mjoin_evaluate():
     @task
     def arguments() -> list[str]:
+        """The evaluation's arguments, after checking that data landed in the range (an empty range fails
+        here with a clear message instead of an all-zero report)."""
+        from mjoin.evaluate import EvalConfig, EvaluationError, check_has_data
         from mjoin.resources import Resources
 
         p = get_current_context()["params"]
-        args = ["--query", p["query"], "--lake", p["lake"] or Resources.from_env().lake, "--from", p["start"],
+        lake = p["lake"] or Resources.from_env().lake
+        try:
+            files = check_has_data(EvalConfig(query=p["query"], lake=lake, start=p["start"], end=p["end"],
+                                              period=p["period"], cycle=p["cycle"]))
+        except EvaluationError as exc:
+            raise AirflowFailException(str(exc))
+        print(f"files landed in [{p['start']}, {p['end']}) per source: {files}")
+        args = ["--query", p["query"], "--lake", lake, "--from", p["start"],
                 "--to", p["end"], "--period", str(p["period"]), "--cycle", str(p["cycle"]), "--length", str(p["length"]),
                 "--strategies", ",".join(p["strategies"]), "--namespace", p["namespace"]]
         if p["initial_order"]:

@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, spark_env
+from mjoin.dag_params import DEFAULT_QUERY, query_choices, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 
@@ -30,7 +30,7 @@ JOBS = Path(__file__).resolve().parent.parent / "jobs"
     catchup=False,
     params={
         "action": Param("status", type="string", enum=["start", "stop", "restart", "status"]),
-        "query": Param(DEFAULT_QUERY, type="string", minLength=1, description="query spec name or path"),
+        "query": Param(DEFAULT_QUERY, type="string", enum=query_choices(), description="query spec (include/queries/)"),
         "lake": Param("", type="string", description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
         "namespace": Param("", type="string", description="lake namespace of the job (empty: live)"),
         "interval": Param(10, type="integer", minimum=1, maximum=3600, description="micro-batch trigger, seconds"),

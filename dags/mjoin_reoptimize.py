@@ -1,6 +1,8 @@
 """mjoin_reoptimize: keep a multi-way stream join's probe orders optimal as its data changes.
 
-One run covers the period that just ended, [logical_date - period, logical_date):
+One run covers the whole statistics cycles of the period that just ended: [end - period, end) with
+end the last cycle boundary at or before the logical date (scheduled runs get logical dates like
+...:31.905813), judged once its last cycle is complete (landed, or `landing_allowance` after its end):
 
     prepare -> land -> check_input -> join (Spark) -> collect_statistics (Spark) -> check_statistics
       -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
@@ -13,18 +15,23 @@ version (else rolls back and fails); in cycle mode `await_switch` is skipped. Ba
 runs always use cycle mode, in the `eval/backfill` namespace. `gates` overrides gate
 thresholds for the run. `record` always runs and writes the run's outcome; it is a
 teardown task, so the run's state is the steps' (a failed gate or switch fails the run,
-"no change" and dry runs succeed).
+"no change" and dry runs succeed); every run gets an outcome with the reason it failed, also one
+that failed in `prepare` (each task's failure callback keeps its error in the run folder).
+Unknown param names fail the run at `prepare` (the api-server already refuses them with a 400,
+plugins/mjoin_trigger_checks.py). Backfill runs go in logical-date order: each waits (rescheduled,
+holding no worker slot) until the run of the interval before it has finished, so it sees the plan
+that run deployed.
 Logic lives in mjoin.reoptimize (docs/orchestration.md); this file only wires it.
 """
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, get_current_context, task, teardown
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_env, spark_remote
 
@@ -41,13 +48,33 @@ def _params():
             for name, (default, typ, extra, doc) in REOPTIMIZE_PARAMS.items()}
 
 
+#: how long a backfill run waits for the run of the interval before it (e.g. a backfill created --run-backwards
+#: with --max-active-runs 1 can never proceed: it fails with a message instead of waiting forever)
+BACKFILL_WAIT = timedelta(hours=6)
+
+
+def _logical_date(ctx):
+    """The run's logical date; a manual run created without one (Airflow 3 allows it) counts from its trigger time."""
+    return ctx.get("logical_date") or ctx["dag_run"].run_after
+
+
+def _run_type(run) -> str:
+    return str(getattr(run.run_type, "value", run.run_type))
+
+
+def _run_params(ctx) -> dict:
+    return dict(ctx["params"], period=PERIOD_MINUTES * 60)
+
+
 def _config():
     from mjoin.reoptimize import LoopConfig
 
     ctx = get_current_context()
     run = ctx["dag_run"]
-    params = dict(ctx["params"], period=PERIOD_MINUTES * 60)
-    return LoopConfig.from_params(params, run_id=run.run_id, run_type=str(getattr(run.run_type, "value", run.run_type)))
+    unknown = sorted(set(run.conf or {}) - set(REOPTIMIZE_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown param(s) {', '.join(unknown)}; known: {', '.join(REOPTIMIZE_PARAMS)}")
+    return LoopConfig.from_params(_run_params(ctx), run_id=run.run_id, run_type=_run_type(run))
 
 
 def _step(fn, *args):
@@ -66,6 +93,40 @@ def _step(fn, *args):
         raise AirflowFailException(str(exc))
 
 
+def _await_previous_backfill_run(ctx) -> None:
+    """A backfill run starts only once the run of the interval before it has finished (sequential by default,
+    whatever the backfill's max_active_runs): until then it is rescheduled, holding no worker slot."""
+    run, ti = ctx["dag_run"], ctx["ti"]
+    if _run_type(run) != "backfill" or run.logical_date is None:
+        return
+    previous = run.logical_date - timedelta(minutes=PERIOD_MINUTES)
+    if not ti.get_dr_count(dag_id=ti.dag_id, logical_dates=[previous], states=["queued", "running"]):
+        return
+    now = datetime.now(timezone.utc)
+    first = ti.get_first_reschedule_date(ctx)
+    if first is not None and now - first > BACKFILL_WAIT:
+        raise AirflowFailException(f"the run of the previous interval ({previous.isoformat()}) did not finish within "
+                                   f"{BACKFILL_WAIT}: backfills run in logical-date order (do not use --run-backwards)")
+    print(f"waiting for the run of the previous interval ({previous.isoformat()}) to finish: backfills run in order")
+    raise AirflowRescheduleException(now + timedelta(seconds=10))
+
+
+def _note_failure(context) -> None:
+    """on_failure_callback of every task: keep the task's error in the run folder, for the outcome's reasons."""
+    from mjoin import reoptimize
+
+    ti = context["ti"]
+    try:
+        folder = ti.xcom_pull(task_ids="prepare", key="run_dir")
+        if not folder:  # prepare itself failed: the folder prepare would have made
+            run = context["dag_run"]
+            cfg, _ = reoptimize.lenient_config(_run_params(context), run_id=run.run_id, run_type=_run_type(run))
+            folder = reoptimize.fallback_context(cfg, _logical_date(context))["run_dir"]
+        reoptimize.note_failure(folder, ti.task_id, str(context.get("exception") or "failed"))
+    except Exception as exc:  # a callback must not hide the task's own error
+        print(f"could not record the failure of {ti.task_id}: {exc}")
+
+
 @dag(
     dag_id="mjoin_reoptimize",
     description="statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan",
@@ -74,7 +135,7 @@ def _step(fn, *args):
     catchup=False,
     max_active_runs=1,
     params=_params(),
-    default_args={"retries": 0},
+    default_args={"retries": 0, "on_failure_callback": _note_failure},
     tags=["mjoin"],
     doc_md=__doc__,
 )
@@ -83,7 +144,9 @@ def mjoin_reoptimize():
     def prepare():
         from mjoin import reoptimize
 
-        return _step(lambda cfg: reoptimize.prepare(cfg, get_current_context()["logical_date"]))
+        ctx = get_current_context()
+        _await_previous_backfill_run(ctx)
+        return _step(lambda cfg: reoptimize.prepare(cfg, _logical_date(ctx)))
 
     @task
     def land(ctx: dict):
@@ -153,13 +216,17 @@ def mjoin_reoptimize():
             raise AirflowFailException(f"the statistics job failed (exit {rc}); see the log above")
 
     @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
-    def record(ctx: dict):
+    def record():
+        """The run's outcome, also when prepare failed (its context is then rebuilt from the params)."""
         from mjoin import reoptimize
 
-        ti = get_current_context()["ti"]
+        c = get_current_context()
+        ti, run = c["ti"], c["dag_run"]
         states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
         states = {t: s for t, s in states.items() if t != ti.task_id}
-        return _step(reoptimize.record, ctx, states)
+        cfg, _ = reoptimize.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
+        ctx = ti.xcom_pull(task_ids="prepare") or reoptimize.fallback_context(cfg, _logical_date(c))
+        return reoptimize.record(cfg, ctx, states)
 
     ctx = prepare()
     landed = land(ctx)
@@ -182,7 +249,7 @@ def mjoin_reoptimize():
     gate_plan = check_plan(ctx)
     deployed = deploy(ctx, gate_plan)
     switched = await_switch(ctx, deployed)
-    done = record(ctx)
+    done = record()
 
     landed >> gate_in >> mode >> [join, stats]
     join >> stats >> gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done

@@ -23,6 +23,7 @@ def free_port() -> int:
 
 
 def make_env(home: Path, lake: Path, period_minutes: int) -> dict:
+    """The project's Airflow environment (DAGs not paused at creation, as in the embedded profile)."""
     env = airflow_env(home, lake=str(lake))
     env["MJOIN_PERIOD_MINUTES"] = str(period_minutes)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent / "include"),
@@ -108,6 +109,16 @@ def wait_http(url: str, timeout: float) -> None:
 
 def api(port: int, path: str, env: dict, method: str = "GET", body: dict | None = None) -> dict:
     """Call the REST API with a token from POST /auth/token (simple auth manager's admin password)."""
+    status, doc = api_call(port, path, env, method, body)
+    if status >= 400:
+        raise RuntimeError(f"{method} {path}: HTTP {status}: {doc}")
+    return doc
+
+
+def api_call(port: int, path: str, env: dict, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
+    """``(HTTP status, JSON body)`` of a REST API call, errors included (a 400 is an answer, not an exception)."""
+    import urllib.error
+
     pw = admin_password(env)
     req = urllib.request.Request(f"http://localhost:{port}/auth/token", method="POST",
                                  data=json.dumps({"username": "admin", "password": pw}).encode(),
@@ -117,5 +128,52 @@ def api(port: int, path: str, env: dict, method: str = "GET", body: dict | None 
     req = urllib.request.Request(f"http://localhost:{port}{path}", method=method,
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        try:
+            return exc.code, json.loads(text)
+        except ValueError:
+            return exc.code, {"text": text.decode(errors="replace")}
+
+
+class LiveFeed:
+    """``mjoin.workloads.live.run_live`` in a thread (a real-time TPC-DS replay into a lake), stoppable."""
+
+    class Stop(Exception):
+        pass
+
+    def __init__(self, lake, workdir, **kwargs):
+        import threading
+
+        self.halt = threading.Event()
+        self.error = None
+        self.cycles = []
+        self.kwargs = dict(kwargs, workdir=str(workdir))
+        self.lake = str(lake)
+        self.thread = threading.Thread(target=self._run, name="live-feed", daemon=True)
+
+    def _sleep(self, seconds: float) -> None:
+        if self.halt.wait(seconds):
+            raise LiveFeed.Stop()
+
+    def _run(self):
+        from mjoin.workloads.live import run_live
+
+        try:
+            run_live(self.lake, sleep=self._sleep, on_cycle=lambda e, c: self.cycles.append((e, time.time())),
+                     **self.kwargs)
+        except LiveFeed.Stop:
+            pass
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    def start(self) -> "LiveFeed":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join(timeout=120)

@@ -49,10 +49,10 @@ def world(tmp_path_factory):
     generate_tpcds(workload, sf=0.01, duration=f"{8 * PERIOD}s", cycle=CYCLE, start=iso(START))
     lake = root / "lake"
     env = make_env(root / "airflow", lake, period_minutes=PERIOD // 60)
-    # 5 s cycles of a tiny workload hold 5-20 rows per stream: one NULL key is 5-20 %, so the NULL-key
-    # threshold is raised for these runs (the per-run gates param; the default stays in GateConfig)
+    # 5 s cycles of a tiny workload hold 5-20 rows per stream (one NULL key is 5-20 %): the default gates judge
+    # them with statistical bounds (docs/gates.md), no threshold is raised for these runs
     conf = {"query": QUERY, "lake": str(lake), "workload": str(workload), "cycle": CYCLE, "strategy": "exact",
-            "gates": {"null_key_fraction_max": 0.5}}
+            "gates": {}}
     from mjoin.airflow_env import airflow_cmd
 
     airflow_cmd(["dags", "reserialize"], env, capture=True)  # parse dags/ into the metadata DB
@@ -160,6 +160,10 @@ def test_three_consecutive_runs_leave_plans_with_lineage(world, connect):
 
 
 def test_unknown_gate_setting_fails_the_run_at_prepare_with_a_clear_message(world):
+    """prepare fails on the bad param; record (a teardown) still writes the outcome, with the reason, where the
+    run's outcome belongs (the plugin page lists it)."""
+    from mjoin.ui import registry_page
+
     when = iso(START + timedelta(seconds=4 * PERIOD - 30))
     proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "gates": {"null_frac": 0.5}},
                      mark_success="^(join|collect_statistics)$", log=world["log"])
@@ -167,6 +171,15 @@ def test_unknown_gate_setting_fails_the_run_at_prepare_with_a_clear_message(worl
     run = next(r for r in list_runs(world["env"], "mjoin_reoptimize") if r["logical_date"].startswith(when[:19]))
     states = task_states(world["env"], "mjoin_reoptimize", run["run_id"])
     assert run["state"] == "failed" and states["prepare"] == "failed" and states["land"] == "upstream_failed"
+    assert states["record"] == "success"
+    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
+
+    end = interval_for(when, PERIOD, CYCLE)[1]  # 00:03:30 snapped to the 5 s grid: itself
+    out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
+    assert (out["status"], out["run_id"], out["interval_end"]) == ("failed", run["run_id"], iso(end))
+    assert out["reason"].startswith("invalid params: unknown gate setting(s) null_frac")
+    assert out["reasons"] == {"prepare": out["reason"]} and "prepare" in out["failed_tasks"]
+    assert "unknown gate setting(s) null_frac" in registry_page(Lake(str(world["lake"])))
 
 
 def test_failing_gate_stops_before_deploy_and_keeps_the_active_plan(world):
@@ -320,61 +333,154 @@ def test_join_job_lifecycle_and_continuous_reoptimization(world):
     assert task_states(env, "mjoin_join_job", status_run["run_id"])["run_join_job"] == "skipped"
 
 
-def test_trigger_form_and_backfill_with_a_running_scheduler(world):
-    """The REST API shows the params with types and limits; a backfill over three past intervals
-    completes with a running scheduler, in the evaluation namespace, without touching the live registry."""
-    from mjoin.airflow_env import airflow_cmd
+def test_unknown_param_name_fails_at_prepare_and_evaluate_refuses_an_empty_range(world):
+    """Runs made without the API (dags test; the api-server refuses them with a 400, tested below) are checked
+    by prepare: an unknown param name fails the run with the names, and the outcome says so. mjoin_evaluate over
+    a range where nothing landed fails at its first task with a clear message, before any Spark job."""
+    when = iso(START + timedelta(seconds=4 * PERIOD - 20))
+    proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "dryrun": True},
+                     mark_success="^(join|collect_statistics)$", log=world["log"])
+    assert "invalid params: unknown param(s) dryrun; known: query, strategy" in proc.stdout
+    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
 
+    end = interval_for(when, PERIOD, CYCLE)[1]
+    out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
+    assert out["status"] == "failed" and out["failed_tasks"][0] == "prepare"
+    assert out["reason"].startswith("invalid params: unknown param(s) dryrun")
+    ev = dags_test(world["env"], "mjoin_evaluate", "2026-03-01T00:00:00Z",
+                   {"query": QUERY, "lake": str(world["lake"]), "start": "2026-03-01T00:00:00Z",
+                    "end": "2026-03-01T00:10:00Z", "period": 60, "cycle": CYCLE}, log=world["log"])
+    assert "no data to evaluate in [2026-03-01T00:00:00Z, 2026-03-01T00:10:00Z)" in ev.stdout
+    run = next(r for r in list_runs(world["env"], "mjoin_evaluate") if r["logical_date"].startswith("2026-03-01"))
+    states = task_states(world["env"], "mjoin_evaluate", run["run_id"])
+    assert run["state"] == "failed" and states["arguments"] == "failed" and states["evaluate"] == "upstream_failed"
+
+
+def _context(lake: Lake, k: int) -> dict:
+    folder = fsutil.join(lake.reports(QUERY), "runs", parse_time(logical(k)).strftime("%Y%m%dT%H%M%SZ"))
+    return json.loads(fsutil.read_text(fsutil.join(folder, "context.json")))
+
+
+def _plan_arg(ctx: dict):
+    args = ctx["join_args"]
+    return args[args.index("--plan") + 1] if "--plan" in args else None
+
+
+def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
+    """One scheduler session (api-server + scheduler + dag-processor) for all that needs one, at once:
+
+    - live: a real-time TPC-DS replay lands into its own lake (the services' MJOIN_LAKE, what scheduled runs
+      read with the defaults: 10 s cycles, default gates); mjoin_reoptimize was created unpaused (the embedded
+      profile) and runs every minute with logical dates like ...:31.905813: at least 3 consecutive scheduled runs
+      deploy or report no change;
+    - the trigger form: params with types, limits and the spec choices; a query that is not a spec present,
+      or an unknown param name, is a 400 and creates no run;
+    - a backfill over 3 intervals created without --max-active-runs (Airflow's default would start 10 at once):
+      its runs go in logical-date order, each joining with the plan the previous one left active; the first
+      date already had a (failed) run and is re-run inside the backfill (--reprocess-behavior completed), in
+      the evaluation namespace, without touching the live registry.
+    """
+    from mjoin.airflow_env import airflow_cmd
+    from mjoin.ui import read_outcomes
+    from mjoin.workloads import land
+
+    from airflow_helpers import LiveFeed, api_call
+
+    env = world["env"]
     lake = Lake(str(world["lake"]))
     live = PlanRegistry(lake, QUERY)
     live_state = (live.versions(), live.active_version(), len(live.activations()))
-    env = world["env"]
-    # history: the data of intervals 5-7 is in the lake (the dags-test runs used 1-4, and a backfill
-    # does not reprocess logical dates that already have runs)
-    from mjoin.workloads import land
+    live_lake = Lake(str(world["root"] / "lake_live"))
+    feed = LiveFeed(live_lake.root, world["root"] / "live_work", sf=0.01, cycle=10, chunk="10m", backlog="3m").start()
+    try:
+        # the embedded profile creates DAGs unpaused: no `dags unpause` here
+        listed = json_out(airflow_cmd(["dags", "list", "-o", "json"], env, capture=True).stdout)
+        assert str(next(d for d in listed if d["dag_id"] == "mjoin_reoptimize")["is_paused"]).lower() == "false"
+        # history of the backfill's intervals 4-6 (4 already has a failed run from the gate test)
+        land(world["workload"], lake, until=logical(6))
+        assert next(r for r in list_runs(env, "mjoin_reoptimize") if r["logical_date"].startswith(logical(4)[:19]))
+        # Create the backfill before the services start: SQLite allows one writer at a time, and the
+        # scheduler and dag-processor write constantly (on PostgreSQL this order does not matter).
+        conf = {k: v for k, v in world["conf"].items() if k != "workload"}
+        created = airflow_cmd(["backfill", "create", "--dag-id", "mjoin_reoptimize", "--from-date", logical(4),
+                               "--to-date", logical(6), "--reprocess-behavior", "completed",
+                               "--dag-run-conf", json.dumps(conf)], env, capture=True, check=False)
+        assert created.returncode == 0 and created.stdout.count("Created backfill Dag run") == 3, created.stdout[-2000:]
+        services_env = {**env, "MJOIN_LAKE": live_lake.root, "MJOIN_SPARK_REMOTE": connect["url"]}
+        with services(services_env, world["root"]) as (senv, port):
+            params = api(port, "/api/v2/dags/mjoin_reoptimize/details", senv)["params"]
+            assert params["strategy"]["schema"]["enum"] == ["fixed", "selectivity_first", "greedy", "dppick", "exact",
+                                                              "dppick_query", "dppick_match", "exact_query", "exact_match"]
+            assert params["query"]["schema"]["enum"] == ["tpcds_returns_by_address", "tpcds_returns_by_customer_and_address"]
+            assert params["length"]["schema"]["type"] == "integer" and params["length"]["schema"]["minimum"] == 2
+            assert params["improvement_threshold"]["schema"]["maximum"] == 1
+            assert params["improvement_threshold"]["value"] is None  # empty: GateConfig's default
+            assert params["gates"]["schema"]["type"] == "object" and params["gates"]["value"] == {}
+            assert params["mode"]["schema"]["enum"] == ["cycle", "continuous"]
+            assert params["dry_run"]["schema"]["type"] == "boolean" and params["dry_run"]["value"] is False
+            assert params["cycle"]["value"] == 10 and params["landing_allowance"]["value"] == 30
+            # trigger-time validation, over HTTP
+            runs_path = "/api/v2/dags/mjoin_reoptimize/dagRuns"
+            before = api(port, runs_path, senv)["total_entries"]
+            status, doc = api_call(port, runs_path, senv, "POST", {"logical_date": None, "conf": {"query": "nope"}})
+            assert status == 400 and "query" in json.dumps(doc) and "nope" in json.dumps(doc), doc
+            status, doc = api_call(port, runs_path, senv, "POST",
+                                   {"logical_date": None, "conf": {"qurey": QUERY, "dry_run": True}})
+            assert status == 400 and doc["detail"].startswith("unknown param(s) qurey for mjoin_reoptimize"), doc
+            status, doc = api_call(port, "/api/v2/backfills/dry_run", senv, "POST",
+                                   {"dag_id": "mjoin_reoptimize", "from_date": logical(1), "to_date": logical(2),
+                                    "dag_run_conf": {"strategy": "exact", "treshold": 0.1}})
+            assert status == 400 and "treshold" in doc["detail"], doc
+            assert api(port, runs_path, senv)["total_entries"] == before  # nothing was created
 
-    land(world["workload"], Lake(str(world["lake"])), until=logical(7))
-    # Create the backfill before the services start: SQLite allows one writer at a time, and the
-    # scheduler and dag-processor write constantly (on PostgreSQL this order does not matter).
-    airflow_cmd(["dags", "unpause", "mjoin_reoptimize"], env, capture=True)
-    conf = {k: v for k, v in world["conf"].items() if k != "workload"}
-    created = airflow_cmd(["backfill", "create", "--dag-id", "mjoin_reoptimize", "--from-date", logical(5),
-                           "--to-date", logical(7), "--max-active-runs", "1", "--dag-run-conf", json.dumps(conf)],
-                          env, capture=True, check=False)
-    assert created.returncode == 0 and created.stdout.count("Created backfill Dag run") == 3, created.stdout[-2000:]
-    with services(env, world["root"]) as (env, port):
-        details = api(port, "/api/v2/dags/mjoin_reoptimize/details", env)
-        params = details["params"]
-        assert params["strategy"]["schema"]["enum"] == ["fixed", "selectivity_first", "greedy", "dppick", "exact",
-                                                          "dppick_query", "dppick_match", "exact_query", "exact_match"]
-        assert params["length"]["schema"]["type"] == "integer" and params["length"]["schema"]["minimum"] == 2
-        assert params["improvement_threshold"]["schema"]["maximum"] == 1
-        assert params["improvement_threshold"]["value"] is None  # empty: GateConfig's default
-        assert params["gates"]["schema"]["type"] == "object" and params["gates"]["value"] == {}
-        assert params["mode"]["schema"]["enum"] == ["cycle", "continuous"]
-        assert params["dry_run"]["schema"]["type"] == "boolean" and params["dry_run"]["value"] is False
-        assert params["cycle"]["value"] == 10 and params["query"]["value"] == QUERY
-
-        deadline = time.monotonic() + 600
-        runs = []
-        while time.monotonic() < deadline:
-            runs = [r for r in list_runs(env, "mjoin_reoptimize") if r["run_id"].startswith("backfill__")]
-            if len(runs) == 3 and all(r["state"] in ("success", "failed") for r in runs):
-                break
-            time.sleep(5)
-        airflow_cmd(["dags", "pause", "mjoin_reoptimize"], env, capture=True)
-    assert len(runs) == 3 and all(r["state"] == "success" for r in runs), \
-        {r["run_id"]: task_states(world["env"], "mjoin_reoptimize", r["run_id"]) for r in runs}
-    for k in (5, 6, 7):
-        out = outcome(world, k, namespace="eval/backfill")
-        assert out is not None and out["run_type"] == "backfill" and out["status"] in ("deployed", "no_change"), out
-    ev = PlanRegistry(Lake(str(world["lake"]), "eval/backfill"), QUERY)
+            deadline = time.monotonic() + 900
+            backfill, scheduled = [], []
+            while time.monotonic() < deadline:
+                runs = list_runs(env, "mjoin_reoptimize")
+                backfill = sorted((r for r in runs if r["logical_date"][:19] in {logical(k)[:19] for k in (4, 5, 6)}),
+                                  key=lambda r: r["logical_date"])
+                outcomes = [o for o in read_outcomes(live_lake, QUERY) if o["run_type"] == "scheduled"]
+                while outcomes and outcomes[0]["status"] == "skipped":  # made before the feed's first cycle
+                    outcomes.pop(0)
+                scheduled = outcomes
+                done = len(backfill) == 3 and all(r["state"] in ("success", "failed") for r in backfill)
+                if done and (len(scheduled) >= 3 or any(o["status"] == "failed" for o in scheduled)):
+                    break
+                time.sleep(5)
+            airflow_cmd(["dags", "pause", "mjoin_reoptimize"], env, capture=True)
+    finally:
+        feed.stop()
+    assert feed.error is None, feed.error
+    # live: three consecutive scheduled runs with unaligned logical dates, each deployed or no change
+    first3 = scheduled[:3]
+    assert len(first3) == 3 and all(o["status"] in ("deployed", "no_change") for o in first3), \
+        [(o["logical_date"], o["status"], o.get("reason")) for o in scheduled]
+    for o in first3:
+        at = parse_time(o["logical_date"])
+        assert at.microsecond or at.second % 10, o["logical_date"]  # not on a cycle boundary
+        assert parse_time(o["interval_end"]).timestamp() % 10 == 0 and o["gates"]["input"] == "passed"
+    states = {r["run_id"]: r["state"] for r in list_runs(env, "mjoin_reoptimize")}
+    assert [states[o["run_id"]] for o in first3] == ["success"] * 3
+    assert PlanRegistry(live_lake, QUERY).active_version() is not None
+    # backfill: all three in the evaluation namespace, in order, each after the previous one, with its plan
+    ns = Lake(str(world["lake"]), "eval/backfill")
+    assert [r["state"] for r in backfill] == ["success"] * 3, \
+        {r["run_id"]: task_states(env, "mjoin_reoptimize", r["run_id"]) for r in backfill}
+    outs = [outcome(world, k, namespace="eval/backfill") for k in (4, 5, 6)]
+    assert all(o is not None and o["run_type"] == "backfill" and o["status"] in ("deployed", "no_change") for o in outs), outs
+    assert outs[0]["run_id"].startswith("manual__")  # the date that already had a run: re-run inside the backfill
+    contexts = [_context(ns, k) for k in (4, 5, 6)]
+    for k in (1, 2):
+        assert contexts[k]["prepared_at"] >= outs[k - 1]["recorded_at"]  # prepared after the previous one ended
+        active = outs[k - 1]["active_version"]
+        assert outs[k]["previous"] in (None, active) and active is not None
+        assert _plan_arg(contexts[k]) == fsutil.join(PlanRegistry(ns, QUERY).root, f"v{active:06d}.json")
+    ev = PlanRegistry(ns, QUERY)
     assert ev.versions() and all(ev.lineage(v)["run_type"] == "backfill" for v in ev.versions())
     assert (live.versions(), live.active_version(), len(live.activations())) == live_state
     # no look-ahead: every forecast used only cycles before its run's interval end
-    for k in (5, 6, 7):
-        folder = fsutil.join(Lake(str(world["lake"]), "eval/backfill").reports(QUERY), "runs",
-                             parse_time(logical(k)).strftime("%Y%m%dT%H%M%SZ"))
+    for k in (4, 5, 6):
+        folder = fsutil.join(ns.reports(QUERY), "runs", parse_time(logical(k)).strftime("%Y%m%dT%H%M%SZ"))
         fc = json.loads(fsutil.read_text(fsutil.join(folder, "forecast.json")))
         assert parse_time(fc["cycle_start"]) >= parse_time(logical(k))
         assert parse_time(fc["meta"]["last_cycle"]) < parse_time(logical(k))

@@ -68,7 +68,7 @@ def select(frame: pd.DataFrame, *, entity=None, stream=None, right=None, cycle=N
 def write_stream_file(lake, query, stream: str, arrival: int, n: int, *, part: int = 0, seed: int = 0,
                       null_keys: int = 0, late: int = 0, future: int = 0, late_by: float = 3600.0,
                       interval_end: float | None = None, overrides: dict | None = None, drop: tuple = (),
-                      statistics: bool = True) -> str:
+                      statistics: bool = True, cycle: float = CYCLE) -> str:
     """A Parquet file of ``n`` rows for ``stream`` in arrival cycle ``arrival``: the declared columns
     (int64 keys, UTC timestamps inside the arrival cycle) plus an extra column, with the first
     ``null_keys`` keys NULL, ``late`` rows ``late_by`` seconds before ``arrival`` and ``future``
@@ -83,10 +83,10 @@ def write_stream_file(lake, query, stream: str, arrival: int, n: int, *, part: i
             cols[c] = overrides[c]
             continue
         if t == "timestamp":
-            ts = arrival + rng.uniform(0, CYCLE - 1, n)
+            ts = arrival + rng.uniform(0, cycle - 1, n)
             ts[:late] = arrival - late_by
             if future:
-                ts[late:late + future] = (interval_end or arrival + CYCLE) + 30
+                ts[late:late + future] = (interval_end or arrival + cycle) + 30
             cols[c] = pa.array((ts * 1e6).astype("int64"), pa.timestamp("us", tz="UTC"))
         else:
             mask = np.zeros(n, bool)
@@ -100,11 +100,12 @@ def write_stream_file(lake, query, stream: str, arrival: int, n: int, *, part: i
     return path
 
 
-def good_lake(lake, query, n_cycles: int = 2, rows: int = 50) -> None:
-    """Every stream lands one good file in each of ``n_cycles`` cycles from T0."""
-    for k in range(n_cycles):
+def good_lake(lake, query, n_cycles: int = 2, rows: int = 50, first: int = 0) -> None:
+    """Every stream lands one good file in each of ``n_cycles`` cycles from cycle ``first`` after T0
+    (negative: before T0, e.g. the streams' history before an interval starting at T0)."""
+    for k in range(first, first + n_cycles):
         for i, s in enumerate(query.stream_names):
-            write_stream_file(lake, query, s, EPOCH0 + int(k * CYCLE), rows, seed=10 * k + i)
+            write_stream_file(lake, query, s, EPOCH0 + int(k * CYCLE), rows, seed=(10 * k + i) % 2**31)
 
 
 def write_history(frame: pd.DataFrame, root, meta: dict | None = None) -> "Path":

@@ -399,3 +399,171 @@ def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(j
     model = CostModel.load(live_model)
     assert model.calibrated and model.alpha_q >= 0 and model.alpha_m >= 0
     assert json.loads(open(tmp_path / "calibration.json").read())["status"] == "fitted"
+
+
+# ---- runs aligned to cycles, judged on complete data ------------------------------------------------
+
+@pytest.mark.parametrize("logical,start,end", [
+    ("2026-01-01T00:05:31.905813Z", "2026-01-01T00:00:30Z", "2026-01-01T00:05:30Z"),  # a scheduled run's date
+    ("2026-01-01T00:05:00Z", "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"),  # aligned (demo, backfills)
+    ("2026-01-01T00:05:09.999999Z", "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"),
+])
+def test_interval_is_whole_cycles_ending_at_the_last_boundary(logical, start, end):
+    from mjoin.reoptimize import interval_for
+    from mjoin.timeutil import iso, to_epoch
+
+    assert tuple(map(iso, interval_for(logical, 300, 10))) == (start, end)
+    assert tuple(map(iso, interval_for(logical, 300))) == (iso(to_epoch(logical) - 300), iso(logical))  # no cycle
+
+
+def _land_cycles(lake: Lake, query, epochs, skip=()):
+    """One 20-row file per stream and cycle (good data), except the (source, epoch) pairs in ``skip``."""
+    from test_gates_support import write_stream_file
+
+    for e in epochs:
+        for s in query.streams:
+            if (s.source, e) not in skip:
+                write_stream_file(lake, query, s.name, int(e), 20, seed=int(e) % 1000, cycle=10)
+
+
+LIVE0 = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def test_prepare_on_a_live_lake_starts_at_the_first_landed_cycle_and_covers_the_forecast_history(tmp_path, seed_query):
+    from mjoin.reoptimize import prepare
+    from mjoin.timeutil import iso
+
+    lake = Lake(str(tmp_path / "lake"))
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10}, run_id="scheduled__a")
+    with pytest.raises(StepFailed, match="nothing has landed for tpcds_returns_by_address"):
+        prepare(cfg, "2026-01-01T00:01:31.5Z")
+    _land_cycles(lake, seed_query, range(LIVE0 + 30, LIVE0 + 200, 10))
+    # the feed began at 00:00:30: a run over [00:00:20, 00:01:20) judges [00:00:30, 00:01:20)
+    ctx = prepare(cfg, "2026-01-01T00:01:27.123456Z")
+    assert (ctx["start"], ctx["end"], ctx["clipped_from"]) == ("2026-01-01T00:00:30Z", "2026-01-01T00:01:20Z",
+                                                                "2026-01-01T00:00:20Z")
+    assert ctx["skip"] is None and ctx["run_dir"].endswith("runs/20260101T000120Z")
+    # no statistics history yet: the stats job covers the landed cycles up to L before the end, from the first
+    assert ctx["stats_from"] == "2026-01-01T00:00:30Z"
+    assert ctx["stats_args"][ctx["stats_args"].index("--from") + 1] == "2026-01-01T00:00:30Z"
+    later = prepare(cfg, iso(LIVE0 + 215.5))
+    assert (later["start"], later["end"], later["stats_from"]) == ("2026-01-01T00:02:30Z", "2026-01-01T00:03:30Z",
+                                                                   "2026-01-01T00:00:30Z")
+    # an interval wholly before the first landed cycle: nothing to judge, a skip with the reason (not a failure)
+    early = prepare(cfg, "2026-01-01T00:00:25Z")
+    assert "ends before the first landed cycle 2026-01-01T00:00:30Z" in early["skip"]
+    from mjoin.reoptimize import check_input
+
+    with pytest.raises(NoChange, match="ends before the first landed cycle"):
+        check_input(cfg, early)
+
+
+def test_check_input_waits_for_the_last_cycle_then_judges_it(tmp_path, seed_query):
+    """A scheduled run at ...:31.9 judges [.., :30); the feed lands the cycle [:20, :30) a moment later: the gate
+    waits for it (not judging a half-landed cycle), then passes. A sparse source with no folder for the last
+    cycle makes it wait for the landing allowance, after which the cycle counts as empty."""
+    from mjoin.reoptimize import check_input, prepare
+
+    lake = Lake(str(tmp_path / "lake"))
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "landing_allowance": 30},
+                                 run_id="scheduled__b")
+    _land_cycles(lake, seed_query, range(LIVE0, LIVE0 + 80, 10))  # up to the cycle [00:01:10, 00:01:20)
+    ctx = prepare(cfg, "2026-01-01T00:01:31.905813Z")  # [00:00:30, 00:01:30)
+    now = [LIVE0 + 91.9]
+    landed = []
+
+    def sleep(s):  # the wall clock moves; the lander lands the last cycle 1 s after its end
+        now[0] += s
+        if now[0] >= LIVE0 + 91 and not landed:
+            _land_cycles(lake, seed_query, [LIVE0 + 80])
+            landed.append(now[0])
+
+    out = check_input(cfg, ctx, clock=lambda: now[0], sleep=sleep)
+    assert out["status"] == "passed" and out["completeness"]["complete_by"] == "landed"
+    # the next run: web_returns lands nothing in its last cycle (sparse): complete only after the allowance
+    _land_cycles(lake, seed_query, range(LIVE0 + 90, LIVE0 + 150, 10), skip={("web_returns", LIVE0 + 140)})
+    ctx2 = prepare(cfg, "2026-01-01T00:02:31Z")
+    now[0] = LIVE0 + 151.0
+    with pytest.raises(StepFailed, match="input.stream_flows_when_expected"):
+        check_input(cfg, ctx2, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert now[0] >= LIVE0 + 150 + 30  # waited for the allowance
+    gate = json.loads(open(os.path.join(ctx2["run_dir"], "gate_input.json")).read())
+    assert [v["where"] for v in gate["failures"][0]["values"]] == ["wr@2026-01-01T00:02:20Z"]  # dense wr: a real gap
+    # an interval far in the future is refused at once
+    ctx3 = prepare(cfg, "2026-01-01T00:10:00Z")
+    with pytest.raises(StepFailed, match="in the future"):
+        check_input(cfg, ctx3, clock=lambda: LIVE0 + 200.0, sleep=lambda s: None)
+
+
+# ---- outcomes of every run, also a failed prepare -----------------------------------------------------
+
+def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
+    from mjoin.reoptimize import fallback_context, lenient_config, note_failure
+    from mjoin.ui import read_outcomes
+
+    params = {"query": QUERY, "lake": str(tmp_path), "gates": {"null_frac": 0.5}, "period": 60, "cycle": 10}
+    cfg, problem = lenient_config(params, run_id="manual__x", run_type="manual")
+    assert problem.startswith("invalid params: unknown gate setting(s) null_frac")
+    ctx = fallback_context(cfg, "2026-01-01T00:05:31.2Z")
+    assert (ctx["start"], ctx["end"]) == ("2026-01-01T00:04:30Z", "2026-01-01T00:05:30Z")
+    note_failure(ctx["run_dir"], "prepare", problem)
+    out = record(cfg, ctx, {"prepare": "failed", "land": "upstream_failed", "deploy": "upstream_failed"})
+    assert out["status"] == "failed" and out["failed_tasks"] == ["prepare", "land", "deploy"]
+    assert out["reason"] == problem and out["reasons"] == {"prepare": problem}
+    assert [r["reason"] for r in read_outcomes(Lake(str(tmp_path)), QUERY)] == [problem]
+    # the run cleared and re-run with good params: the earlier attempt's note is not a reason any more
+    again = record(cfg, ctx, {"prepare": "success", "deploy": "skipped"})
+    assert (again["status"], again["reason"], again["reasons"]) == ("skipped", None, {})
+    # a query that does not load still gets a folder (named after the reference) and an outcome
+    bad, why = lenient_config({**params, "query": "no/such_spec.yaml", "cycle": "often"}, run_id="manual__y")
+    assert "/reports/such_spec/runs/" in fallback_context(bad, "2026-01-01T00:05:00Z")["run_dir"] and why
+
+
+def test_a_second_run_over_the_same_interval_keeps_its_own_folder(tmp_path):
+    from mjoin.reoptimize import run_dir
+
+    a = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="scheduled__1")
+    b = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="manual__2026-01-01T00:05:33+00:00")
+    first = run_dir(a, QUERY, T_END)
+    fsutil.makedirs(first)
+    fsutil.atomic_write_text(fsutil.join(first, "context.json"), json.dumps({"config": {"run_id": a.run_id}}))
+    assert run_dir(a, QUERY, T_END) == first  # a retry keeps its folder
+    second = run_dir(b, QUERY, T_END)
+    assert second != first and second.startswith(first + ".manual__2026-01-01T00_05_33_00_00")
+
+
+# ---- trigger-time checks ----------------------------------------------------------------------------
+
+def test_unknown_params_are_named_and_the_query_param_is_a_choice():
+    from mjoin.dag_params import REOPTIMIZE_PARAMS, query_choices
+    from mjoin.query import list_queries
+    from mjoin.trigger_checks import trigger_target, unknown_params
+
+    assert set(list_queries()) <= set(query_choices())
+    assert REOPTIMIZE_PARAMS["query"][2]["enum"] == query_choices()
+    body = json.dumps({"logical_date": None, "conf": {"qurey": "x", "dry_run": True}}).encode()
+    dag_id, conf = trigger_target("/api/v2/dags/mjoin_reoptimize/dagRuns", body)
+    msg = unknown_params(dag_id, conf, REOPTIMIZE_PARAMS)
+    assert msg.startswith("unknown param(s) qurey for mjoin_reoptimize; its params are:") and "dry_run" in msg
+    assert unknown_params(dag_id, {"dry_run": True}, REOPTIMIZE_PARAMS) is None
+    assert trigger_target("/api/v2/backfills", json.dumps({"dag_id": "d", "dag_run_conf": {"a": 1}}).encode()) == \
+        ("d", {"a": 1})
+    assert trigger_target("/api/v2/dags/d/clearTaskInstances", body) is None
+    assert trigger_target("/api/v2/dags/d/dagRuns", b"not json") is None
+
+
+def test_evaluate_over_a_range_without_data_is_a_clear_error(tmp_path, seed_query, capsys):
+    from mjoin.cli import main
+    from mjoin.evaluate import EvalConfig, EvaluationError, check_has_data
+
+    lake = Lake(str(tmp_path / "lake"))
+    _land_cycles(lake, seed_query, [LIVE0, LIVE0 + 10])
+    cfg = EvalConfig(query=QUERY, lake=lake.root, start="2026-02-01T00:00:00Z", end="2026-02-01T00:30:00Z")
+    with pytest.raises(EvaluationError, match=r"no data to evaluate in \[2026-02-01T00:00:00Z, 2026-02-01T00:30:00Z\).*"
+                                              r"arrival cycles from 2026-01-01T00:00:00Z to 2026-01-01T00:00:10Z"):
+        check_has_data(cfg)
+    assert check_has_data(EvalConfig(query=QUERY, lake=lake.root, start="2026-01-01T00:00:00Z",
+                                     end="2026-01-01T00:01:00Z"))["store_returns"] == 2
+    rc = main(["evaluate", "--query", QUERY, "--lake", lake.root, "--from", "2026-02-01T00:00:00Z",
+               "--to", "2026-02-01T00:30:00Z"])
+    assert rc == 2 and "error: no data to evaluate" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """The environment Airflow runs in for this project (no Airflow import here).
 
-One definition used by ``make airflow``, ``make demo``, the DAG tests and the
-docs: a project-local ``AIRFLOW_HOME`` with SQLite, our ``dags/`` and
-``plugins/``, no examples, parallelism sized for 2 cores, the venv's ``bin/``
+One definition used by ``make airflow``, ``make demo``, ``python -m mjoin airflow-cli``,
+the DAG tests and the docs: a project-local ``AIRFLOW_HOME`` with SQLite, our ``dags/`` and
+``plugins/``, no examples, DAGs not paused at creation, parallelism sized for 2 cores, the venv's ``bin/``
 first on PATH (``spark-submit`` and ``airflow`` live there), and a default
 ``spark_default`` connection whose host is the Spark master (``local[*]``);
 on a cluster, define the connection in Airflow instead (it wins over this
@@ -19,6 +19,11 @@ from pathlib import Path
 from .resources import PROJECT_DIR
 
 DEFAULT_HOME = PROJECT_DIR / ".airflow"
+#: SQLite connection arguments of the embedded profile (``[database] sql_alchemy_connect_args``): wait up to
+#: 60 s for a lock instead of sqlite3's 5 s, so a CLI command or an API call made while the scheduler and the
+#: dag-processor write does not fail with "database is locked" (a 500 from the api-server)
+SQLITE_CONNECT_ARGS = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
 
 
 def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, base: dict | None = None) -> dict:
@@ -31,7 +36,8 @@ def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, 
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_DIR / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_DIR / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": env.get("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "True"),
+        # embedded profile: a new DAG is not paused, so mjoin_reoptimize runs on its schedule as soon as Airflow is up
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": env.get("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False"),
         "AIRFLOW__CORE__PARALLELISM": env.get("AIRFLOW__CORE__PARALLELISM", "4"),
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": env.get("AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG", "2"),
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": env.get("AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL", "10"),
@@ -41,6 +47,9 @@ def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, 
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     })
+    if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):  # the embedded SQLite database
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "mjoin.airflow_env.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC", "mjoin.airflow_env.SQLITE_CONNECT_ARGS_ASYNC")
     env.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": env.get("MJOIN_SPARK_MASTER", "local[*]")}))
     if lake:
         env["MJOIN_LAKE"] = str(lake)

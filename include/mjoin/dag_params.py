@@ -25,9 +25,22 @@ STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dp
 EVAL_STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
                        "dppick_nosmooth", "oracle")
 DEFAULT_QUERY = os.environ.get("MJOIN_QUERY", "tpcds_returns_by_address")
+#: where query specs are looked up by name (= mjoin.query.resolve_query_path: $MJOIN_QUERIES, then include/queries/)
+QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+
+
+def query_choices() -> list[str]:
+    """The ``query`` param's choices: the spec names present ($MJOIN_QUERIES, include/queries/) and
+    ``MJOIN_QUERY`` (a name or a path), so a bad name is refused when the run is triggered (a 400)."""
+    dirs = [Path(d) for d in os.environ.get("MJOIN_QUERIES", "").split(os.pathsep) if d] + [QUERIES_DIR]
+    names = {p.stem for d in dirs if d.is_dir() for p in d.iterdir() if p.suffix in (".yaml", ".yml")}
+    return sorted(names | {DEFAULT_QUERY})
+
+
 #: name -> (default, JSON-schema type, extra schema, description)
 REOPTIMIZE_PARAMS = {
-    "query": (DEFAULT_QUERY, "string", {"minLength": 1}, "query spec: a name from include/queries/ or a YAML path"),
+    "query": (DEFAULT_QUERY, "string", {"enum": query_choices()},
+              "query spec: a spec in include/queries/ (or $MJOIN_QUERIES; MJOIN_QUERY may name a YAML path)"),
     "strategy": ("exact", "string", {"enum": list(STRATEGY_NAMES)}, "probe-order optimizer"),
     "length": (60, "integer", {"minimum": 2, "maximum": 10000}, "L: statistics cycles the forecast reads"),
     "cycle": (10, "integer", {"minimum": 1, "maximum": 3600}, "tau: statistics cycle in seconds"),
@@ -43,6 +56,9 @@ REOPTIMIZE_PARAMS = {
     "mode": ("cycle", "string", {"enum": ["cycle", "continuous"]},
              "cycle: join each interval in this run (availableNow); continuous: a running join job hot-reloads "
              "(backfill runs always use cycle)"),
+    "landing_allowance": (30, "integer", {"minimum": 0, "maximum": 86400},
+                          "seconds after a cycle's end after which a source without a folder for it counts as having "
+                          "no rows in it (a cycle every source has landed, or passed, is complete at once)"),
     "deploy_timeout": (600, "integer", {"minimum": 5, "maximum": 86400},
                        "continuous mode: seconds to wait for the running job to switch before rolling back"),
     "workload": ("", "string", {}, "cycle mode: land each interval from this generated workload folder (demo)"),

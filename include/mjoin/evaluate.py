@@ -100,6 +100,25 @@ def intervals(cfg: EvalConfig) -> list[tuple]:
     return out
 
 
+def check_has_data(cfg: EvalConfig, query=None) -> dict:
+    """``{source: files}`` landed with arrival in ``[start, end)``; a range where no stream landed anything
+    raises :class:`EvaluationError` naming what the lake holds (an all-zero report would look like a result)."""
+    from .query import load_query
+
+    query = query or load_query(cfg.query)
+    lake = Lake(cfg.lake)
+    t0, t1 = parse_time(cfg.start).timestamp(), parse_time(cfg.end).timestamp()
+    sources = sorted({s.source for s in query.streams})
+    files = {src: len(lake.stream_files(src, t0, t1)) for src in sources}
+    if not any(files.values()):
+        arrivals = [a for src in sources for a in lake.arrivals(src)]
+        held = (f"its streams hold arrival cycles from {iso(min(arrivals))} to {iso(max(arrivals))}" if arrivals
+                else "nothing has landed for them")
+        raise EvaluationError(f"no data to evaluate in [{iso(t0)}, {iso(t1)}): no stream of {query.name} "
+                              f"({', '.join(sources)}) landed a file in that range under {lake.streams()}; {held}")
+    return files
+
+
 def plan_signature(plan) -> str:
     """Identity of what a plan executes (orders and partitioning), for sharing runs between strategies."""
     return json.dumps([plan.partitioning, {g: plan.orders[g] for g in plan.group_ids}, plan.options], sort_keys=True,
@@ -172,6 +191,7 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
 
     t_begin = time.perf_counter()
     query = load_query(cfg.query)
+    check_has_data(cfg, query)
     lake_in = Lake(cfg.lake)
     ns = Lake(cfg.lake, cfg.namespace)
     model = resolve_cost_model(cfg.cost_model or None)

@@ -1,7 +1,9 @@
 """The steps of one re-optimization run, as plain functions (the DAG only wires them).
 
 ARCHITECTURE.md, "Data flow of one re-optimization": for the interval
-``[end - period, end)`` ending at the run's logical date:
+``[end - period, end)`` of whole statistics cycles ending at the last cycle
+boundary at or before the run's logical date (:func:`interval_for`), judged
+once its last cycle is complete (:func:`await_cycles`):
 
     land (cycle mode) -> input gate -> join (Spark) -> statistics (Spark) -> gate
       -> forecast (Holt) -> gate -> optimize -> plan gate -> publish + activate -> record
@@ -27,13 +29,18 @@ given). Every step uses :meth:`LoopConfig.gate_config`, and messages print the
 threshold the plan gate actually used.
 
 Outcomes: ``record`` writes ``outcome.json`` into the run folder (one file per
-run, atomically); :func:`mjoin.ui.read_outcomes` reads them back sorted, so two
-runs at once in one namespace never lose each other's outcome.
+run, atomically), for every run, with the reason a failed one failed (the
+DAG's failure callback keeps each task's error there, :func:`note_failure`;
+a run whose ``prepare`` failed gets the folder :func:`fallback_context`
+rebuilds); :func:`mjoin.ui.read_outcomes` reads them back sorted, so two runs
+at once in one namespace never lose each other's outcome.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
@@ -82,6 +89,8 @@ class LoopConfig:
     gates: dict = field(default_factory=dict)  # GateConfig overrides
     stats_mode: str = "exact"  # exact | sketch
     deploy_timeout: float = 600.0  # continuous mode: wait this long for the job to switch
+    #: a cycle counts as complete once every stream landed it (or a later cycle), or this long after its end
+    landing_allowance: float = 30.0
     run_id: str = ""
     run_type: str = "manual"
 
@@ -89,7 +98,7 @@ class LoopConfig:
     def from_params(cls, params: dict, *, run_id: str = "", run_type: str = "manual") -> "LoopConfig":
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in (params or {}).items() if k in known and v is not None}
-        for k in ("cycle", "period", "deploy_timeout"):
+        for k in ("cycle", "period", "deploy_timeout", "landing_allowance"):
             if k in values:
                 values[k] = parse_duration(values[k])
         if isinstance(values.get("initial_order"), str):
@@ -156,19 +165,39 @@ class LoopConfig:
         return load_query(self.query)
 
 
-def interval_for(logical_date, period: float) -> tuple[datetime, datetime]:
-    """The run's interval ``[logical_date - period, logical_date)``.
+def interval_for(logical_date, period: float, cycle: float | None = None) -> tuple[datetime, datetime]:
+    """The run's interval: the whole statistics cycles ``[end - n cycle, end)`` with ``end`` the last cycle
+    boundary at or before the logical date (cycles are aligned to multiples of ``cycle`` from the epoch, as
+    the lake's arrival folders are) and ``n = round(period / cycle)`` (at least 1).
 
-    Airflow 3 gives manual runs and ``airflow dags test`` a zero-length data
-    interval, so the interval is derived from the logical date and the period,
-    the same way for scheduled, manual and backfill runs."""
-    end = parse_time(logical_date)
-    return end - timedelta(seconds=period), end
+    Derived from the logical date alone, the same way for scheduled runs (logical dates like
+    ``...:31.905813``), UI triggers at "now", manual runs with any date and backfills (Airflow 3 gives
+    manual runs a zero-length data interval). Without ``cycle``: ``[logical_date - period, logical_date)``."""
+    at = parse_time(logical_date)
+    if not cycle:
+        return at - timedelta(seconds=period), at
+    end = parse_time(math.floor(round(at.timestamp(), 6) / cycle) * cycle)
+    n = max(1, int(round(period / cycle)))
+    return end - timedelta(seconds=n * cycle), end
 
 
 def run_dir(cfg: LoopConfig, query_name: str, end) -> str:
+    """``<lake>[/<ns>]/reports/<query>/runs/<interval end>/``; a second run over the same interval (another
+    run id, e.g. a UI trigger within a cycle of a scheduled run) gets ``<interval end>.<run id>/`` so no
+    run's outcome replaces another's (a retry or a cleared run keeps its folder)."""
     stamp = parse_time(end).strftime("%Y%m%dT%H%M%SZ")
-    return fsutil.join(cfg.lake_.reports(query_name), "runs", stamp)
+    runs = fsutil.join(cfg.lake_.reports(query_name), "runs")
+    folder = fsutil.join(runs, stamp)
+    if cfg.run_id:
+        ctx_path = fsutil.join(folder, "context.json")
+        try:
+            owner = json.loads(fsutil.read_text(ctx_path)).get("config", {}).get("run_id") \
+                if fsutil.exists(ctx_path) else None
+        except (OSError, ValueError):
+            owner = None
+        if owner and owner != cfg.run_id:
+            folder = fsutil.join(runs, f"{stamp}.{re.sub(r'[^A-Za-z0-9_.-]+', '_', cfg.run_id)}")
+    return folder
 
 
 def _write(path: str, doc) -> str:
@@ -182,19 +211,71 @@ def _read(path: str):
 
 # ---- 0. prepare ------------------------------------------------------------------
 
+def lands_itself(cfg: LoopConfig) -> bool:
+    """Cycle mode with a ``workload`` in the live namespace: the run lands its own interval (demo, tests)."""
+    return cfg.mode == "cycle" and bool(cfg.workload) and not cfg.namespace
+
+
 def prepare(cfg: LoopConfig, logical_date) -> dict:
-    """Resolve the interval and run folder; the Spark job arguments for the join and the statistics."""
+    """Resolve the interval (whole cycles, see :func:`interval_for`) and run folder; the Spark job arguments.
+
+    On a lake fed from outside (not :func:`lands_itself`) the interval starts no earlier than the first
+    cycle landed for the query (a cycle before the feed began is not a cycle of missing data; an interval
+    wholly before it fails), and the statistics job also covers the landed cycles before the interval that
+    the statistics history lacks (up to ``L`` cycles), so a fresh deployment's first run already has the
+    history its forecast needs."""
     query = cfg.load_query()
-    start, end = interval_for(logical_date, cfg.period)
+    start, end = interval_for(logical_date, cfg.period, cfg.cycle)
+    clipped, stats_from, skip = None, start, None
+    if not lands_itself(cfg):
+        began = first_cycle(cfg, query)
+        if began is None:
+            raise StepFailed(f"nothing has landed for {query.name} ({', '.join(sorted({s.source for s in query.streams}))}) "
+                             f"under {Lake(cfg.lake).streams()}: start a feed (python -m mjoin live, or land a workload)")
+        if began >= end:  # not missing data: the lake's history starts later (e.g. a run made before the feed began)
+            skip = (f"the interval [{iso(start)}, {iso(end)}) ends before the first landed cycle {iso(began)} of "
+                    f"{query.name}: nothing to judge or re-optimize")
+        else:
+            if began > start:
+                clipped, start = iso(start), began
+            stats_from = _stats_from(cfg, query, start, end, began)
     folder = run_dir(cfg, query.name, end)
     fsutil.makedirs(folder)
     ctx = {"query": query.name, "start": iso(start), "end": iso(end), "run_dir": folder, "namespace": cfg.namespace,
-           "lake": cfg.lake, "mode": cfg.mode, "config": cfg.to_json()}
+           "lake": cfg.lake, "mode": cfg.mode, "logical_date": iso(logical_date), "clipped_from": clipped,
+           "stats_from": iso(stats_from), "skip": skip, "prepared_at": iso(datetime.now(timezone.utc)),
+           "config": cfg.to_json()}
     ctx["join_args"] = join_args(cfg, query, start, end, folder)
-    ctx["stats_args"] = stats_args(cfg, query, start, end)
+    ctx["stats_args"] = stats_args(cfg, query, stats_from, end)
     _write(fsutil.join(folder, "context.json"), ctx)
-    log.info("re-optimization of %s for [%s, %s) in %s", query.name, ctx["start"], ctx["end"], folder)
+    log.info("re-optimization of %s for [%s, %s) (logical date %s%s) in %s", query.name, ctx["start"], ctx["end"],
+             ctx["logical_date"], f"; starts at the first landed cycle, not {clipped}" if clipped else "", folder)
     return ctx
+
+
+def first_cycle(cfg: LoopConfig, query) -> datetime | None:
+    """The first statistics cycle holding landed data of the query (its first arrival, up to the cycle grid)."""
+    from .gates.input import first_arrival
+
+    a = first_arrival(query, Lake(cfg.lake))
+    return None if a is None else parse_time(math.ceil(a / cfg.cycle - 1e-9) * cfg.cycle)
+
+
+def _stats_from(cfg: LoopConfig, query, start: datetime, end: datetime, began: datetime) -> datetime:
+    """Where the statistics job starts: ``start``, or earlier when the history lacks the cycles before it
+    that the forecast gate needs (``min_history``), back to L cycles before ``end`` and the first landed one."""
+    from .stats.history import list_cycles
+
+    need = cfg.gate_config().min_history
+    lo = max(began, end - timedelta(seconds=cfg.length * cfg.cycle))
+    if lo >= start:
+        return start
+    have = len(list_cycles(stats_root(cfg), query.name, lo, start))
+    if have + (end - start).total_seconds() / cfg.cycle >= need:
+        return start
+    log.info("the statistics history holds %d cycles before %s (the forecast gate needs %d): the statistics job "
+             "covers the landed cycles from %s", have, iso(start), need, iso(lo))
+    return lo
 
 
 def _first_plan(cfg: LoopConfig, query, folder: str) -> str | None:
@@ -278,12 +359,61 @@ def _finish_gate(result, ctx: dict, name: str) -> dict:
     return brief
 
 
-def check_input(cfg: LoopConfig, ctx: dict) -> dict:
+def check_input(cfg: LoopConfig, ctx: dict, *, clock=time.time, sleep=time.sleep) -> dict:
+    """Gate 1 on complete cycles: first wait until the interval's last cycle is complete (:func:`await_cycles`)."""
     from .gates import check_input as gate
 
+    if ctx.get("skip"):
+        raise NoChange(ctx["skip"])
     query = cfg.load_query()
-    return _finish_gate(gate(query, Lake(cfg.lake), ctx["start"], ctx["end"], cycle=cfg.cycle, config=_gate_config(cfg)),
-                        ctx, "input")
+    waited = None if lands_itself(cfg) else await_cycles(cfg, query, ctx["end"], clock=clock, sleep=sleep)
+    brief = _finish_gate(gate(query, Lake(cfg.lake), ctx["start"], ctx["end"], cycle=cfg.cycle,
+                              config=_gate_config(cfg)), ctx, "input")
+    return {**brief, "completeness": waited}
+
+
+def cycle_landed(lake: Lake, source: str, end: float, cycle: float) -> bool:
+    """Whether ``source`` has landed every arrival cycle ending by ``end``: its newest folder's cycle reaches
+    ``end`` (each source lands its cycles in order, each folder atomically, so a folder at or after the last
+    cycle means the cycles before are final, possibly empty). The landing cycle is the smallest spacing of
+    the source's folders (at most the statistics ``cycle``)."""
+    arrivals = lake.arrivals(source)
+    if not arrivals:
+        return False
+    step = min([cycle] + [b - a for a, b in zip(arrivals, arrivals[1:]) if b > a])
+    return arrivals[-1] + step >= end - 1e-6
+
+
+def await_cycles(cfg: LoopConfig, query, end, *, clock=time.time, sleep=time.sleep, poll: float = 1.0) -> dict:
+    """Wait until the last cycle before ``end`` is complete: every source of the query has landed it or a later
+    cycle, or ``landing_allowance`` seconds have passed since ``end`` (a sparse source may have no folder for it:
+    no rows). The landing contract has no per-cycle completion marker, so the allowance is what makes a quiet
+    cycle final. An interval ending more than a period in the future fails at once (nothing to wait for)."""
+    lake = Lake(cfg.lake)
+    t_end = parse_time(end).timestamp()
+    last = t_end - cfg.cycle
+    sources = sorted({s.source for s in query.streams})
+    deadline = t_end + cfg.landing_allowance
+    if deadline - clock() > cfg.period + cfg.landing_allowance:
+        raise StepFailed(f"the interval ends at {iso(t_end)}, {t_end - clock():.0f} s in the future: a run judges only "
+                         "complete cycles (trigger it with a logical date at or before now)")
+    t0 = clock()
+    while True:
+        missing = [src for src in sources if not cycle_landed(lake, src, t_end, cfg.cycle)]
+        if not missing:
+            how = "landed"
+            break
+        if clock() >= deadline:
+            how = "allowance"
+            log.info("cycle %s: no folder from %s %.0f s after its end (landing_allowance): taken as no rows",
+                     iso(last), ", ".join(missing), cfg.landing_allowance)
+            break
+        sleep(min(poll, max(0.05, deadline - clock())))
+    out = {"last_cycle": iso(last), "complete_by": how, "waited_seconds": round(clock() - t0, 3),
+           "not_landed": missing if how == "allowance" else []}
+    if out["waited_seconds"] > 0.5:
+        log.info("waited %.1f s for cycle %s to complete (%s)", out["waited_seconds"], iso(last), how)
+    return out
 
 
 def read_stats_history(cfg: LoopConfig, query, start=None, end=None):
@@ -549,24 +679,92 @@ def _rollback_and_fail(cfg: LoopConfig, ctx: dict, query_name: str, version: int
 
 # ---- 5. record ----------------------------------------------------------------------
 
+FAILED_PREFIX = "failed_"
+
+
 def _read_opt(folder: str, name: str) -> dict:
     path = fsutil.join(folder, name)
     return _read(path) if fsutil.exists(path) else {}
 
 
+def note_failure(folder: str, task_id: str, message: str) -> str:
+    """Keep why a task failed (``failed_<task>.json`` in the run folder) for :func:`record` (the DAG's
+    failure callback calls this for every task, Spark jobs included)."""
+    fsutil.makedirs(folder)
+    return _write(fsutil.join(folder, f"{FAILED_PREFIX}{task_id}.json"),
+                  {"task": task_id, "message": str(message)[:4000], "at": iso(datetime.now(timezone.utc))})
+
+
+def failure_reasons(folder: str) -> dict:
+    """``{task: message}`` of the tasks that failed in this run, in the order they failed."""
+    notes = [_read_opt(folder, n) for n in fsutil.listdir(folder) if n.startswith(FAILED_PREFIX) and n.endswith(".json")]
+    return {d["task"]: d["message"] for d in sorted(notes, key=lambda d: d.get("at", "")) if d.get("task")}
+
+
+def lenient_config(params: dict, *, run_id: str = "", run_type: str = "manual") -> tuple[LoopConfig, str | None]:
+    """``(config, problem)``: the run's config, or, when its params are invalid, one with just enough to find
+    its run folder (query reference, lake, namespace, cycle, period) and the problem."""
+    try:
+        return LoopConfig.from_params(params, run_id=run_id, run_type=run_type), None
+    except ValueError as exc:
+        problem = f"invalid params: {exc}"
+    cfg = LoopConfig(run_id=run_id, run_type=run_type)
+    for name in ("query", "lake", "namespace", "mode"):
+        if isinstance((params or {}).get(name), str) and params[name]:
+            setattr(cfg, name, params[name])
+    for name in ("cycle", "period"):
+        try:
+            setattr(cfg, name, parse_duration(params[name]) or getattr(cfg, name))
+        except (KeyError, TypeError, ValueError):
+            pass
+    if not cfg.lake:
+        from .resources import Resources
+
+        cfg.lake = Resources.from_env().lake
+    if run_type == "backfill" and not cfg.namespace:
+        cfg.namespace = BACKFILL_NAMESPACE
+    return cfg, problem
+
+
+def query_name(ref: str) -> str:
+    """The spec's name, or (a spec that does not load) its reference made safe for a folder name."""
+    from .query import QuerySpecError, load_query
+
+    try:
+        return load_query(ref).name
+    except (QuerySpecError, OSError, ValueError):
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(ref).rsplit("/", 1)[-1].removesuffix(".yaml")) or "unknown"
+
+
+def fallback_context(cfg: LoopConfig, logical_date) -> dict:
+    """The context of a run whose ``prepare`` failed: its interval and run folder, as prepare would have
+    resolved them (best effort), so that its failure is recorded where its outcome belongs."""
+    try:
+        start, end = interval_for(logical_date, cfg.period, cfg.cycle if cfg.cycle > 0 else None)
+    except (TypeError, ValueError):
+        start = end = parse_time(logical_date)
+    name = query_name(cfg.query)
+    return {"query": name, "start": iso(start), "end": iso(end), "run_dir": run_dir(cfg, name, end),
+            "namespace": cfg.namespace, "lake": cfg.lake, "mode": cfg.mode, "logical_date": iso(logical_date),
+            "config": cfg.to_json()}
+
+
 def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
-    """Write the run's outcome (status, gates, the version it deployed, plan diff, estimated gain).
+    """Write the run's outcome (status, gates, the version it deployed, plan diff, estimated gain, and why
+    it failed): every run gets one, also one whose ``prepare`` failed (``ctx`` from :func:`fallback_context`).
 
     ``status``: ``deployed`` (active, and in continuous mode the job switched), ``rolled_back``
     (deployed, then undone because the job did not switch), ``failed`` (a gate or step failed;
     the active plan is what it was, or what ``active_version`` says), ``no_change``, ``dry_run``,
-    ``skipped``. One ``outcome.json`` per run folder (see the module docstring)."""
+    ``skipped``. ``reason``: the first failed task's message (``reasons``: every failed task's), or why
+    nothing was deployed. One ``outcome.json`` per run folder (see the module docstring)."""
     from .registry import PlanRegistry
 
-    query = cfg.load_query()
+    name = ctx.get("query") or query_name(cfg.query)
     folder = ctx["run_dir"]
+    fsutil.makedirs(folder)
     gates = {g: _read_opt(folder, f"gate_{g}.json").get("status") for g in ("input", "stats", "forecast", "plan")}
-    reg = PlanRegistry(cfg.lake_, query.name)
+    reg = PlanRegistry(cfg.lake_, name)
     dep = _read_opt(folder, "deploy.json") if states.get("deploy") == "success" else {}
     switch = _read_opt(folder, "switch.json") if dep else {}
     version = dep.get("version")
@@ -575,6 +773,11 @@ def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
         prev = dep.get("previous")
         changes = reg.get(version).diff(reg.get(prev) if prev is not None else None)
     failed = [t for t, s in states.items() if s in ("failed", "upstream_failed")]
+    # only tasks failed now: a cleared and re-run run may have notes of an earlier attempt that since succeeded
+    reasons = {t: m for t, m in failure_reasons(folder).items() if states.get(t) == "failed"}
+    for t in failed:
+        if states[t] == "failed" and t not in reasons:  # failed without a note (e.g. killed): say where to look
+            reasons[t] = f"{t} failed; see its task log"
     if switch.get("outcome") == "rolled_back":
         status = "rolled_back"
     elif failed:
@@ -584,15 +787,29 @@ def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
     else:
         status = ("no_change" if gates.get("plan") == "no_change" else "dry_run" if cfg.dry_run else "skipped")
     plan_gate = _read_opt(folder, "gate_plan.json")
-    outcome = {"query": query.name, "run_id": cfg.run_id, "run_type": cfg.run_type, "namespace": cfg.namespace,
-               "mode": cfg.mode, "interval_start": ctx["start"], "interval_end": ctx["end"], "status": status,
+    details = plan_gate.get("details") or {}
+    if reasons:
+        reason = next(iter(reasons.values()))
+    elif status == "rolled_back":
+        reason = switch.get("message")
+    elif status == "no_change":
+        reason = (f"the candidate is not better than the active plan by the threshold "
+                  f"{_pct(details.get('threshold', cfg.improvement_threshold))} "
+                  f"(estimated improvement {_pct(details.get('improvement'))})")
+    elif status == "dry_run":
+        reason = "dry run: optimized and gated, not deployed"
+    else:
+        reason = ctx.get("skip")
+    outcome = {"query": name, "run_id": cfg.run_id, "run_type": cfg.run_type, "namespace": cfg.namespace,
+               "mode": cfg.mode, "logical_date": ctx.get("logical_date"), "interval_start": ctx["start"],
+               "interval_end": ctx["end"], "status": status, "reason": reason, "reasons": reasons,
                "strategy": cfg.strategy, "version": version, "previous": dep.get("previous"),
                "active_version": reg.active_version(), "deployed": status == "deployed",
-               "switch": switch or None, "estimated_gain": (plan_gate.get("details") or {}).get("improvement"),
-               "threshold": (plan_gate.get("details") or {}).get("threshold", cfg.improvement_threshold),
+               "switch": switch or None, "estimated_gain": details.get("improvement"),
+               "threshold": details.get("threshold", cfg.improvement_threshold),
                "gates": gates, "changes": changes, "failed_tasks": failed, "tasks": states,
                "recorded_at": iso(datetime.now(timezone.utc))}
     _write(fsutil.join(folder, "outcome.json"), outcome)
-    log.info("outcome %s: %s%s (active v%s)", ctx["end"], status, f" v{version}" if version is not None else "",
-             outcome["active_version"])
+    log.info("outcome %s: %s%s (active v%s)%s", ctx["end"], status, f" v{version}" if version is not None else "",
+             outcome["active_version"], f": {reason}" if reason and status == "failed" else "")
     return outcome

@@ -103,8 +103,8 @@ def registry_page(lake: Lake | None = None) -> str:
                                                                     "estimated_cost", "run"]))
         if info["outcomes"]:
             parts.append("<h3>recent re-optimizations</h3>" + _table(list(reversed(info["outcomes"])), [
-                "interval_end", "status", "strategy", "version", "active_version", "estimated_gain", "threshold", "gates",
-                "changes"]))
+                "interval_end", "status", "reason", "strategy", "version", "active_version", "estimated_gain", "threshold",
+                "gates", "changes"]))
     style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
              "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#eee}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>mjoin</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"

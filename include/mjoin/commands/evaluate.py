@@ -51,18 +51,23 @@ def initial_orders(query, specs: list[str]) -> tuple:
 
 
 def run(args) -> int:
-    from ..evaluate import EvalConfig, evaluate
+    from ..cli import UserError
+    from ..evaluate import EvalConfig, EvaluationError, check_has_data, evaluate
     from ..query import load_query
     from ..resources import Resources
     from ..sparkutil import get_spark
 
     query = load_query(args.query)
-    cfg = EvalConfig(query=args.query, lake=args.lake or Resources.from_env().lake, start=args.start, end=args.end,
-                     period=args.period, cycle=args.cycle, batch=args.batch, length=args.length,
-                     strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
-                     initial_orders=initial_orders(query, args.initial_order), namespace=args.namespace,
-                     cost_model=args.cost_model, stats_mode=args.stats_mode, reuse_stats=args.reuse_stats,
-                     repeats=args.repeats, buckets=args.buckets)
+    try:  # a bad range, or one without data, is the user's error (exit 2), found before Spark starts
+        cfg = EvalConfig(query=args.query, lake=args.lake or Resources.from_env().lake, start=args.start, end=args.end,
+                         period=args.period, cycle=args.cycle, batch=args.batch, length=args.length,
+                         strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
+                         initial_orders=initial_orders(query, args.initial_order), namespace=args.namespace,
+                         cost_model=args.cost_model, stats_mode=args.stats_mode, reuse_stats=args.reuse_stats,
+                         repeats=args.repeats, buckets=args.buckets)
+        check_has_data(cfg, query)
+    except EvaluationError as exc:
+        raise UserError(str(exc)) from None
     spark = get_spark("mjoin-evaluate")
     result = evaluate(spark, cfg)
     if args.json:

@@ -24,7 +24,6 @@ import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .. import contract, fsutil
 from .compiled import EngineQuery, key_name, payload_name

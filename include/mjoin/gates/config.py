@@ -25,7 +25,7 @@ class GateConfigError(ValueError):
 #: (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is taken as unique to its file
 
 #: fields holding durations in seconds (accept "90s", "5m", ...)
-_DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback"}
+_DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback", "fraction_history"}
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,24 @@ class GateConfig:
     """Thresholds of the input, statistics, forecast and plan gates (defaults documented in docs/gates.md)."""
 
     # ---- 1. input gate (raw landed files of one interval) --------------------------
-    #: max fraction of a stream's rows in the interval with a NULL join key. TPC-DS has
-    #: 2.2-4.3 % NULL foreign keys in the seed streams (measured, docs/gates.md), so
-    #: 10 % passes healthy data and catches a broken feed.
+    #: the largest share of a stream's rows with a NULL join key that a healthy feed may have (the cap of
+    #: the tolerated share below; without history it is the tolerated share). TPC-DS has 2.2-4.3 % NULL
+    #: foreign keys in the seed streams (measured, docs/gates.md), so 10 % passes healthy data.
     null_key_fraction_max: float = 0.10
-    #: a cycle's NULL-key, late and future fractions are judged on their own only when it has at least
-    #: this many checked rows (1 NULL in 7 rows is 14 %: noise, not a broken feed); the smaller cycles
-    #: of a stream are pooled and judged together as one row ``<stream>@small cycles``
-    fraction_min_rows: int = 50
-    #: rows a stream must deliver in every cycle of the interval (streams not in quiet_streams)
+    #: confidence of the input gate's statistical bounds: a healthy stream fails a fraction rule (or the
+    #: flow rule) of one gate run with probability at most 1 - fraction_confidence (Bonferroni over the
+    #: rows judged). A cycle of n rows fails when its bad rows exceed the binomial upper bound of n rows
+    #: at the tolerated share, so 6 NULL keys in 55 rows is no evidence against a 3.5 % share.
+    fraction_confidence: float = 0.999
+    #: how far before the interval the stream's own history is read (seconds; 0 = no history): its
+    #: landed files' NULL-key, late and future shares and its rows per cycle (from the Parquet footers)
+    fraction_history: float = 600.0
+    #: the tolerated share of a stream with history is its history's upper confidence bound x this factor,
+    #: at most the *_fraction_max cap; its rows per cycle may drop by this factor (a real jump is larger)
+    fraction_slack: float = 1.5
+    #: rows a stream must deliver in every cycle of the interval (streams not in quiet_streams); a stream
+    #: whose history shows empty cycles are normal (a sparse stream: P(0 rows) is not negligible) is held
+    #: to its Poisson lower bound instead, per cycle and over the interval
     min_rows_per_cycle: int = 1
     #: streams that are not expected to flow (no minimum row count per cycle)
     quiet_streams: tuple = ()
@@ -50,7 +59,7 @@ class GateConfig:
     late_tolerance: float | None = None
     #: a tuple is from the future if its event time is at or after interval end + future_tolerance
     future_tolerance: float = 0.0
-    #: max fraction of a stream's rows in the interval that are late / from the future
+    #: caps of the tolerated shares of late / future rows (as null_key_fraction_max)
     late_fraction_max: float = 0.01
     future_fraction_max: float = 0.0
     #: how far before the interval landed files are compared for duplicates (seconds);
@@ -93,7 +102,7 @@ class GateConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 <= v <= 1):
                 problems.append(f"{name}={v!r} must be a fraction in [0, 1]")
-        for name in ("min_rows_per_cycle", "fraction_min_rows", "min_history", "forecast_window"):
+        for name in ("min_rows_per_cycle", "min_history", "forecast_window"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
                 problems.append(f"{name}={v!r} must be a non-negative integer")
@@ -104,6 +113,14 @@ class GateConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 problems.append(f"{name}={v!r} must be a finite number >= 0")
+        if not (isinstance(self.fraction_confidence, (int, float)) and 0 < self.fraction_confidence < 1):
+            problems.append(f"fraction_confidence={self.fraction_confidence!r} must lie strictly between 0 and 1")
+        if not (isinstance(self.fraction_slack, (int, float)) and math.isfinite(self.fraction_slack)
+                and self.fraction_slack >= 1):
+            problems.append(f"fraction_slack={self.fraction_slack!r} must be a finite number >= 1")
+        if not (isinstance(self.fraction_history, (int, float)) and math.isfinite(self.fraction_history)
+                and self.fraction_history >= 0):
+            problems.append(f"fraction_history={self.fraction_history!r} must be a duration >= 0")
         for name in ("late_tolerance", "duplicate_lookback"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -175,7 +192,7 @@ def _coerce(name: str, value, current):
     try:
         if name in _DURATIONS:
             if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-                if name == "future_tolerance":
+                if name in ("future_tolerance", "fraction_history"):
                     raise ValueError("must be a duration")
                 return None
             return parse_duration(value)

@@ -16,11 +16,18 @@ full), the same file name when names are unique (not the lake's positional
 and every column's min, max and NULL count).
 
 The per-file numbers become small pandas frames that GX validates in ~0.05 s:
-``files`` (one row per file), ``cycles`` (one row per stream and arrival cycle: the
-NULL-key, late and future fractions and the row count are checked per cycle, so one bad
-cycle is not diluted by good ones; cycles with fewer than ``fraction_min_rows`` checked rows
-are pooled into one row ``<stream>@small cycles``, so their fractions are judged together
-instead of on a handful of rows) and ``streams`` (per-interval totals, for the report).
+``files`` (one row per file), ``cycles`` (one row per stream and arrival cycle, and one
+``<stream>@interval`` row per stream: the NULL-key, late and future counts and the row count are
+checked per cycle, so one bad cycle is not diluted by good ones, and over the interval, so a
+sustained shift too small for one cycle is seen) and ``streams`` (per-interval totals and the
+stream's history, for the report). A cycle without an arrival folder is a cycle with no rows.
+
+The limits are statistical (:mod:`mjoin.gates.bounds`): each stream's own history (its files
+landed in ``fraction_history`` before the interval, footers only when they settle it) gives its
+usual NULL-key, late and future shares and its rows per cycle; a cycle fails when its bad rows
+exceed the binomial upper bound of its checked rows at the stream's tolerated share (the history's
+upper bound x ``fraction_slack``, capped by ``*_fraction_max``; the cap itself without history), or
+its rows fall below ``min_rows_per_cycle`` (for a sparse stream: below its Poisson lower bound).
 
 ``config.input_engine="spark"`` (or ``spark=`` given) scans the key and event-time
 columns with Spark instead (:mod:`mjoin.gates.input_spark`), for raw input too big for
@@ -30,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import defaultdict
 
 import numpy as np
@@ -40,8 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import fsutil
-from ..contract import (SAME_BYTES, SAME_NAME, SAME_ROWS, FileFacts, Seen, file_size, footer_fingerprint,  # noqa: F401
-                        schema_problems, to_epoch_seconds, type_problem)
+from ..contract import FileFacts, Seen, file_size, footer_fingerprint, to_epoch_seconds, type_problem
 from ..contract import inspect as inspect_file
 from ..timeutil import cycles as cycle_starts
 from ..timeutil import iso, parse_duration, parse_time
@@ -350,12 +355,74 @@ FILE_COLUMNS = ["where", "stream", "arrival", "cycle", "rows", "read_error", "sc
                 "no_event_time", "duplicate_of", "duplicate_kind", "null_key_rows", "late", "future", "ts_min", "ts_max", "null_ts",
                 "footer_only"]
 
+#: the fraction rules: (name, bad-row column, checked-row column, cap field of GateConfig)
+FRACTIONS = (("null_key", "null_key_rows", "key_checked_rows", "null_key_fraction_max"),
+             ("late", "late", "ts_checked_rows", "late_fraction_max"),
+             ("future", "future", "ts_checked_rows", "future_fraction_max"))
+
+
+def first_arrival(query, lake) -> int | None:
+    """The first arrival cycle landed for any stream of ``query`` (None: nothing landed yet)."""
+    firsts = [a[0] for a in (lake.arrivals(s) for s in {st.source for st in query.streams}) if a]
+    return min(firsts) if firsts else None
+
+
+def stream_history(query, stream, lake, t0: float, unit: float, cfg: GateConfig, began: int | None,
+                   summaries: dict) -> dict:
+    """A stream's own history before ``t0``: its landed files of ``[t0 - fraction_history, t0)`` (not
+    before the query's first landed cycle ``began``), summarized from their footers like the interval's
+    (late and future relative to each file's own arrival cycle), their totals, and the span in cycles
+    of ``unit`` seconds. ``summaries`` (path -> summary) is filled for reuse by the duplicate check."""
+    h0 = t0 - cfg.fraction_history
+    if began is not None:
+        h0 = max(h0, float(began))
+    span = max(0.0, t0 - h0) / unit if unit > 0 else 0.0
+    if cfg.fraction_history <= 0 or span < 1:
+        return {"cycles": 0.0, **_totals([])}
+    late_tol = cfg.late_tolerance_for(query)
+    rows = []
+    for a, p in landed(lake, stream.source, h0, t0):
+        x = summaries.get(p)
+        if x is None:
+            x = summaries[p] = summarize_file(p, stream, a - late_tol, a + unit + cfg.future_tolerance)
+        if x["read_error"] is None and not _nan(x["rows"]):
+            rows.append(x)
+    return {"from": iso(h0), "cycles": span, **_totals(rows)}
+
+
+def judge_rows(rows: list[dict], history: dict, cfg: GateConfig, quiet: set) -> None:
+    """Add to every summary row (a stream's cycle or its interval) the limits the cycles suite checks:
+    ``<kind>_limit`` (the most bad rows its checked rows may hold at the stream's tolerated share
+    ``<kind>_share``, from ``<kind>_basis``: history, cap or config) and ``min_rows`` (rows it must hold).
+    Bonferroni over all rows: each is judged at (1 - fraction_confidence) / len(rows)."""
+    from .bounds import count_limit, row_alpha, rows_floor, tolerated_share
+
+    alpha = row_alpha(cfg.fraction_confidence, len(rows))
+    for r in rows:
+        h = history[r["stream"]]
+        for kind, bad, checked, cap in FRACTIONS:
+            share, basis = tolerated_share(h[bad], h[checked], getattr(cfg, cap), cfg.fraction_confidence,
+                                           cfg.fraction_slack)
+            r[f"{kind}_share"], r[f"{kind}_basis"] = share, basis
+            r[f"{kind}_limit"] = count_limit(r[checked], share, alpha)
+        cycles = r.pop("_cycles")
+        if r["stream"] in quiet:
+            r["min_rows"] = 0
+            continue
+        wanted = cfg.min_rows_per_cycle * cycles
+        if h["cycles"] >= 1 and h["rows"] > 0:  # a sparse stream may skip cycles, not go quiet (a stream with no
+            # rows in its whole history is not sparse: it is dead, or quiet by config, never judged by a rate of 0)
+            rate = h["rows"] / h["cycles"]
+            wanted = min(wanted, rows_floor(rate * cycles / cfg.fraction_slack, alpha))
+        r["min_rows"] = int(wanted)
+
 
 def summarize_input(query, lake, start, end, *, cycle: float | str | None = None, config: GateConfig | None = None,
                     spark=None) -> dict:
     """The frames the input suites check: ``files`` (one row per file) and ``cycles`` (one row per stream and
-    arrival cycle: counts, fractions, ``min_rows``), plus ``streams`` (the interval's totals per stream, for
-    the report) and ``bounds``."""
+    arrival cycle, plus one ``<stream>@interval`` row per stream when there are several cycles: counts,
+    fractions, the limits of :func:`judge_rows`), plus ``streams`` (the interval's totals per stream and
+    its history, for the report) and ``bounds``."""
     cfg = config or GateConfig()
     unknown = [s for s in cfg.quiet_streams if s not in query.stream_names]
     if unknown:
@@ -371,15 +438,18 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
     lookback = cfg.duplicate_lookback_for(query)
     starts = [c.timestamp() for c in cycle_starts(t0, t1, cycle)] if cycle else [t0]
     use_spark = spark is not None or cfg.input_engine == "spark"
+    began = first_arrival(query, lake)
 
-    file_rows, stream_rows, cycle_rows = [], [], []
+    file_rows, stream_rows, cycle_rows, history = [], [], [], {}
     for s in query.streams:
         files = landed(lake, s.source, t0, t1)
+        before: dict = {}  # footers of earlier files, read once for the history and the duplicate check
+        history[s.name] = stream_history(query, s, lake, t0, cycle or (t1 - t0), cfg, began, before)
         earlier = landed(lake, s.source, t0 - lookback, t0) if lookback > 0 else []
         summaries = {p: summarize_file(p, s, lo, hi, scan=not use_spark) for _, p in files}
         candidates = []
         for _, p in earlier:
-            rows, fp = file_fingerprint(p)
+            rows, fp = (before[p]["rows"], before[p]["fingerprint"]) if p in before else file_fingerprint(p)
             candidates.append({"path": p, "label": _rel(lake, p), "rows": rows, "fingerprint": fp})
         candidates += [{"path": p, "label": _rel(lake, p), "rows": summaries[p]["rows"],
                         "fingerprint": summaries[p]["fingerprint"]} for _, p in files]
@@ -416,24 +486,19 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
             mine.append(row)
             file_rows.append(row)
         unchecked = unchecked_event_time(s, use_spark)
+        h = history[s.name]
         stream_rows.append({"where": s.name, "source": s.source, **_totals(mine),
                             "event_time": s.event_time.to_spec(), "event_time_checked": unchecked is None,
-                            "event_time_unchecked": unchecked})
-        min_rows = 0 if s.name in cfg.quiet_streams else cfg.min_rows_per_cycle
-        small = []  # files of the cycles too small to judge their fractions alone
-        for i, c in enumerate(starts):
-            in_cycle = [r for r in mine if r["cycle_index"] == i]
-            row = {"where": f"{s.name}@{iso(c)}", "stream": s.name, "cycle": iso(c), **_totals(in_cycle),
-                   "min_rows": min_rows, "pooled": False}
-            if len(starts) > 1 and row["key_checked_rows"] + row["ts_checked_rows"] > 0 and (
-                    row["key_checked_rows"] < cfg.fraction_min_rows or row["ts_checked_rows"] < cfg.fraction_min_rows):
-                # GX skips missing values: the fractions of this cycle are judged in the pooled row below
-                row.update(null_key_fraction=math.nan, late_fraction=math.nan, future_fraction=math.nan, pooled=True)
-                small += in_cycle
-            cycle_rows.append(row)
-        if small:
-            cycle_rows.append({"where": f"{s.name}@small cycles", "stream": s.name, "cycle": None, **_totals(small),
-                               "min_rows": 0, "pooled": False})
+                            "event_time_unchecked": unchecked,
+                            "history": {k: h.get(k) for k in ("from", "cycles", "rows", "null_key_rows",
+                                                              "key_checked_rows", "late", "future", "ts_checked_rows")}})
+        for i, c in enumerate(starts):  # a cycle without a folder is a cycle with no rows
+            cycle_rows.append({"where": f"{s.name}@{iso(c)}", "stream": s.name, "cycle": iso(c),
+                               **_totals([r for r in mine if r["cycle_index"] == i]), "_cycles": 1})
+        if len(starts) > 1:  # the interval as a whole: a sustained shift too small to show in one cycle
+            cycle_rows.append({"where": f"{s.name}@interval", "stream": s.name, "cycle": None, **_totals(mine),
+                               "_cycles": len(starts)})
+    judge_rows(cycle_rows, history, cfg, set(cfg.quiet_streams))
     files_df = pd.DataFrame(file_rows, columns=FILE_COLUMNS)
     streams_df = pd.DataFrame(stream_rows)
     cycles_df = pd.DataFrame(cycle_rows)
@@ -441,7 +506,8 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
         for c in ("ts_min", "ts_max"):
             df[c] = df[c].astype(object)
     return {"files": files_df, "cycles": cycles_df, "streams": streams_df,
-            "bounds": {"event_time_from": iso(lo), "event_time_to": iso(hi), "engine": "spark" if use_spark else "pyarrow"}}
+            "bounds": {"event_time_from": iso(lo), "event_time_to": iso(hi), "engine": "spark" if use_spark else "pyarrow",
+                       "first_arrival": iso(began) if began is not None else None}}
 
 
 def check_input(query, lake, start, end, *, cycle: float | str | None = None, config: GateConfig | None = None,

@@ -42,14 +42,18 @@ _doc("input.event_time_parseable", "a file with rows has an event time on at lea
 _doc("input.no_duplicate_files", "no file repeats another file of the stream landed in the interval or in the "
                                  "lookback before it: same bytes, same (non-positional) file name, or same rows by "
                                  "the footer fingerprint")
-_doc("input.null_key_fraction_below_max", "per stream and cycle: fraction of rows with a NULL join key "
-                                          "<= null_key_fraction_max")
-_doc("input.late_fraction_below_max", "per stream and cycle: fraction of rows with event time < start - late_tolerance "
-                                      "<= late_fraction_max")
-_doc("input.future_fraction_below_max", "per stream and cycle: fraction of rows with event time >= end + "
-                                        "future_tolerance <= future_fraction_max")
-_doc("input.stream_flows_when_expected", "every stream not in quiet_streams lands >= min_rows_per_cycle rows "
-                                         "in every cycle of the interval")
+_doc("input.null_key_fraction_below_max", "per stream and cycle (and over the interval): NULL-key rows <= the binomial "
+                                          "upper bound of the checked rows at the stream's tolerated share (its history's "
+                                          "share x fraction_slack, at most null_key_fraction_max)")
+_doc("input.late_fraction_below_max", "per stream and cycle (and over the interval): rows with event time < start - "
+                                      "late_tolerance <= the binomial upper bound at the tolerated share (cap "
+                                      "late_fraction_max)")
+_doc("input.future_fraction_below_max", "per stream and cycle (and over the interval): rows with event time >= end + "
+                                        "future_tolerance <= the binomial upper bound at the tolerated share (cap "
+                                        "future_fraction_max)")
+_doc("input.stream_flows_when_expected", "every stream not in quiet_streams lands >= min_rows_per_cycle rows in every "
+                                         "cycle, or, if its history shows it is sparse, at least its Poisson lower "
+                                         "bound per cycle and over the interval")
 
 
 def input_files_suite(query, cfg):
@@ -73,27 +77,37 @@ def input_files_suite(query, cfg):
 
 
 def input_cycles_suite(query, cfg, late_tolerance: float):
-    """Frame ``cycles``: one row per stream and arrival cycle (where = ``stream@cycle``; rows, min_rows;
-    null_key_rows and its fraction of key_checked_rows; late, future and their fractions of
-    ts_checked_rows). Checked per cycle, so one bad cycle is not diluted by the good ones."""
+    """Frame ``cycles``: one row per stream and arrival cycle (where = ``stream@cycle``) and per stream over
+    the interval (``stream@interval``): rows, min_rows; null_key_rows of key_checked_rows, late and future
+    of ts_checked_rows, each with its fraction, its limit (``<kind>_limit``: the binomial upper bound at the
+    tolerated share ``<kind>_share``, from ``<kind>_basis``). Checked per cycle, so one bad cycle is not
+    diluted by the good ones, and over the interval, so a shift too small for one cycle is seen."""
+    conf = f"{cfg.fraction_confidence:.1%} confidence"
     return make_suite(f"mjoin.input.cycles.{query.name}", [
-        expect("ExpectColumnValuesToBeBetween", "input.null_key_fraction_below_max",
-               f"rows with a NULL join key never join; more than {cfg.null_key_fraction_max:.1%} suggests a broken feed",
-               "{where}: {null_key_rows} of {key_checked_rows} rows have a NULL join key ({null_key_fraction})",
-               column="null_key_fraction", max_value=cfg.null_key_fraction_max),
-        expect("ExpectColumnValuesToBeBetween", "input.late_fraction_below_max",
-               f"event time before the interval start - {late_tolerance:g}s: dropped by the window; "
-               f"at most {cfg.late_fraction_max:.1%} allowed",
-               "{where}: {late} of {ts_checked_rows} rows are late ({late_fraction}), earliest event time {ts_min}",
-               column="late_fraction", max_value=cfg.late_fraction_max),
-        expect("ExpectColumnValuesToBeBetween", "input.future_fraction_below_max",
-               f"event time after the interval end + {cfg.future_tolerance:g}s: a clock or replay error; "
-               f"at most {cfg.future_fraction_max:.1%} allowed",
-               "{where}: {future} of {ts_checked_rows} rows are from the future ({future_fraction}), latest event time {ts_max}",
-               column="future_fraction", max_value=cfg.future_fraction_max),
+        expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.null_key_fraction_below_max",
+               f"rows with a NULL join key never join; more than the stream's usual share (at {conf}; at most "
+               f"{cfg.null_key_fraction_max:.1%}) suggests a broken feed",
+               "{where}: {null_key_rows} of {key_checked_rows} rows have a NULL join key ({null_key_fraction}), more "
+               "than the {null_key_limit} expected at most at the tolerated share {null_key_share} ({null_key_basis})",
+               column_A="null_key_limit", column_B="null_key_rows", or_equal=True,
+               ignore_row_if="either_value_is_missing"),
+        expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.late_fraction_below_max",
+               f"event time before the interval start - {late_tolerance:g}s: dropped by the window; more than the "
+               f"stream's usual share (at {conf}; at most {cfg.late_fraction_max:.1%}) is a failure",
+               "{where}: {late} of {ts_checked_rows} rows are late ({late_fraction}), more than the {late_limit} "
+               "expected at most at the tolerated share {late_share} ({late_basis}); earliest event time {ts_min}",
+               column_A="late_limit", column_B="late", or_equal=True, ignore_row_if="either_value_is_missing"),
+        expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.future_fraction_below_max",
+               f"event time after the interval end + {cfg.future_tolerance:g}s: a clock or replay error; more than the "
+               f"stream's usual share (at {conf}; at most {cfg.future_fraction_max:.1%}) is a failure",
+               "{where}: {future} of {ts_checked_rows} rows are from the future ({future_fraction}), more than the "
+               "{future_limit} expected at most at the tolerated share {future_share} ({future_basis}); latest event "
+               "time {ts_max}",
+               column_A="future_limit", column_B="future", or_equal=True, ignore_row_if="either_value_is_missing"),
         expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.stream_flows_when_expected",
                f"a stream expected to flow delivered fewer than min_rows_per_cycle={cfg.min_rows_per_cycle} rows "
-               "in a cycle (streams in quiet_streams are exempt)",
+               "in a cycle, or (a sparse stream) fewer than its history's rate allows at "
+               f"{conf} in a cycle or over the interval (streams in quiet_streams are exempt)",
                "{where}: {rows} rows, expected >= {min_rows}",
                column_A="rows", column_B="min_rows", or_equal=True),
     ])

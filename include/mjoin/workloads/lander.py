@@ -11,7 +11,10 @@ One lander per lake: stale temporary folders older than ``stale_after`` seconds
 
 With ``speed`` the lander follows the simulated clock in real time: cycle
 ``e`` lands when ``(e + cycle - first) / speed`` wall seconds have passed,
-i.e. once the simulated cycle is over.
+i.e. once the simulated cycle is over. With ``wall_clock`` (a live feed whose
+event times are wall-clock times, :mod:`mjoin.workloads.live`) cycle ``e``
+lands once ``wall_clock()`` has passed ``e + cycle``: cycles already over land
+at once, later ones exactly when they end, whenever the lander started.
 """
 from __future__ import annotations
 
@@ -154,12 +157,13 @@ def cycles_bound(manifest: Manifest, n: int, since=None) -> float:
 
 
 def land(workload_dir, lake, until, *, since=None, speed: float | None = None, stale_after: float = 600.0,
-         sleep=time.sleep, clock=time.monotonic, on_cycle=None) -> LandResult:
+         sleep=time.sleep, clock=time.monotonic, on_cycle=None, wall_clock=None) -> LandResult:
     """Copy every arrival cycle with ``since <= epoch < until`` of the workload into the lake.
 
     ``until``/``since``: ISO-8601, epoch seconds, datetime, or None (no bound).
     ``lake``: a :class:`mjoin.lake.Lake` or its root (local path or filesystem URL).
     ``speed``: follow the simulated clock at ``speed`` x real time (None: as fast as possible).
+    ``wall_clock`` (e.g. ``time.time``; not with ``speed``): land cycle ``e`` once the wall clock passes its end.
     ``on_cycle(epoch, [LandedCycle])`` is called after each landed cycle.
     """
     manifest = workload_dir if isinstance(workload_dir, Manifest) else load_manifest(workload_dir)
@@ -167,6 +171,8 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
     until_e, since_e = _bound(until, "--until"), _bound(since, "--since")
     if speed is not None and (not math.isfinite(float(speed)) or float(speed) <= 0):
         raise WorkloadError(f"{speed!r} must be a positive number", "--speed")
+    if speed is not None and wall_clock is not None:
+        raise WorkloadError("give a speed or a wall clock, not both", "--speed")
     if since_e is not None and until_e is not None and until_e < since_e:
         raise WorkloadError(f"until {iso(until_e)} is before since {iso(since_e)}", "--until")
     fs, _ = fsutil.resolve(lake.streams())
@@ -196,6 +202,10 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
         if speed is not None:
             anchor = anchor or (clock(), epoch)
             wait = anchor[0] + (epoch + manifest.cycle_seconds - anchor[1]) / float(speed) - clock()
+            if wait > 0:
+                sleep(wait)
+        elif wall_clock is not None:
+            wait = epoch + manifest.cycle_seconds - wall_clock()
             if wait > 0:
                 sleep(wait)
         landed_now = []
