@@ -495,13 +495,32 @@ def calibrate(cfg: LoopConfig, query, run_dir: str) -> dict:
     return doc
 
 
+def effective_state(cfg: LoopConfig, query, run_dir: str, stats):
+    """The forecast with kappa, window tuples and lambda as the live join holds and probes them under
+    punctuations (:mod:`mjoin.effective`), from its newest batches; unchanged without punctuations (and
+    for evaluation namespaces, which have no live join). Recorded in ``effective_state.json``."""
+    from .effective import effective_statistics, engine_state_summary
+    from .engine import read_metrics
+
+    if cfg.namespace:
+        return stats
+    try:
+        records = read_metrics(Lake(cfg.lake), query.name)[-cfg.calibration_batches:]
+    except (OSError, ValueError):
+        records = []
+    summary = engine_state_summary(records)
+    _write(fsutil.join(run_dir, "effective_state.json"), {"applied": summary is not None, "per_stream": summary,
+                                                           "batches": len(records)})
+    return effective_statistics(stats, summary)
+
+
 def optimize(cfg: LoopConfig, ctx: dict) -> dict:
     from .optimize import optimize as run_optimizer
     from .statistics import Statistics
 
     query = cfg.load_query()
     calibration = calibrate(cfg, query, ctx["run_dir"])
-    stats = Statistics.load(fsutil.join(ctx["run_dir"], "forecast.json"))
+    stats = effective_state(cfg, query, ctx["run_dir"], Statistics.load(fsutil.join(ctx["run_dir"], "forecast.json")))
     t0 = time.perf_counter()
     plan = run_optimizer(query, stats, cfg.strategy, initial_order=cfg.initial_order or None,
                          cost_model=cost_model_path(cfg),

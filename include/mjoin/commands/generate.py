@@ -61,6 +61,18 @@ def add_arguments(p):
     _common(y)
     y.set_defaults(_generate=_synthetic)
 
+    u = sub.add_parser("punctuations", help="add punctuations to a workload: where a key's life in a stream ends",
+                       description="Write punctuation files (docs/workloads.md, Punctuations) into a generated "
+                                   "workload: per source, the keys whose last tuple is in an arrival cycle are "
+                                   "promised to come no more, in that cycle's folder.")
+    u.add_argument("--workload", required=True, help="the generated workload folder")
+    u.add_argument("--source", action="append", required=True, metavar="SOURCE[:COLUMN]",
+                   help="a source to punctuate, with its key column (default column: key); repeatable")
+    u.add_argument("--keep-cycles", type=int, default=1,
+                   help="keys still seen in the last N cycles are not promised (default 1)")
+    u.add_argument("--json", action="store_true", help="print the counts as JSON")
+    u.set_defaults(_generate=_punctuations)
+
 
 def _tpcds(args):
     from ..workloads import generate_tpcds
@@ -81,6 +93,13 @@ def _synthetic(args):
                               overwrite=args.overwrite)
 
 
+def _punctuations(args):
+    from ..workloads.punctuations import write_punctuations
+
+    columns = dict((s.split(":", 1) + ["key"])[:2] for s in args.source)
+    return write_punctuations(args.workload, columns, keep_cycles=args.keep_cycles)
+
+
 def run(args) -> int:
     from ..cli import UserError
     from ..workloads import WorkloadError
@@ -89,5 +108,9 @@ def run(args) -> int:
         manifest = args._generate(args)
     except WorkloadError as exc:
         raise UserError(str(exc)) from None
+    if isinstance(manifest, dict):  # punctuations: keys promised per source
+        print(json.dumps(manifest) if args.json else
+              "\n".join(f"{s}: {n} keys promised to end" for s, n in manifest.items()))
+        return 0
     print(json.dumps(manifest.doc, indent=2, sort_keys=True) if args.json else manifest.describe())
     return 0

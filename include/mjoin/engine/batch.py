@@ -850,7 +850,12 @@ class BatchRunner:
             if d["stage"] == 1 and d.get("punctuation"):
                 punct = punct or {}
                 for k, v in d["punctuation"].items():
-                    punct[k] = punct.get(k, 0) + v
+                    if isinstance(v, dict):  # per stream
+                        acc = punct.setdefault(k, {})
+                        for s, n in v.items():
+                            acc[s] = acc.get(s, 0) + n
+                    else:
+                        punct[k] = punct.get(k, 0) + v
         result_rows = sum(c["results"] for c in chains)
         quarantined = {s: {r: binput.quarantined.get(s, {}).get(r, 0) for r in REASONS} for s in eq.streams}
         task_seconds = sum(d["seconds"] for d in docs)

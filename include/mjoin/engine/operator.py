@@ -630,6 +630,8 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 punct["violations"] += int(covered(d.key, *promised[j]).sum())
             if drop.any():
                 punct["skipped"] += int(drop.sum())
+                by = punct.setdefault("skipped_by_stream", {})
+                by[j] = by.get(j, 0) + int(drop.sum())
                 keep = np.flatnonzero(~drop)
                 delta[j] = KeyedRows._sorted(d.table.take(pa.array(keep)), kcol, d.key[keep], d.ts[keep])
     full = {j: old[j].concat(delta[j]) for j in members}
