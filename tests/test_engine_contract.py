@@ -160,6 +160,15 @@ def test_streaming_job_quarantines_them_and_a_duplicate_after_a_restart(spark, c
     items = quarantine.entries(lake, seed_query)
     assert {os.path.basename(e.path): (e.rule, e.reason) for e in items if e.kind == "file"} == BAD
     assert sum(r["quarantined"]["sr"]["duplicate_file"] for r in records) == pq.read_metadata(original).num_rows
+    # what the DAG's check_input reports in continuous mode, and the plugin page's table
+    from mjoin.ui import registry_page
+
+    report = quarantine.job_report(lake, seed_query.name)
+    assert {os.path.basename(f["path"]) for f in report["files"]} == set(BAD)
+    assert report["by_stream"]["sr"]["schema_mismatch"] > 0 and report["last_batch"] == records[-1]["batch_id"]
+    assert quarantine.job_report(lake, seed_query.name, report["last_batch"])["rows"] == 0  # nothing new since
+    page = registry_page(lake)
+    assert "quarantined by the join job" in page and "duplicate_file" in page
     # once the watermark has passed every row of the original, it is forgotten (bounded memory): a copy
     # landing now is quarantined row by row as late, so it still adds nothing
     assert records[-1]["files_remembered"] < sum(r["files"] for r in records)

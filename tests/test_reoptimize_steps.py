@@ -567,3 +567,34 @@ def test_evaluate_over_a_range_without_data_is_a_clear_error(tmp_path, seed_quer
     rc = main(["evaluate", "--query", QUERY, "--lake", lake.root, "--from", "2026-02-01T00:00:00Z",
                "--to", "2026-02-01T00:30:00Z"])
     assert rc == 2 and "error: no data to evaluate" in capsys.readouterr().err
+
+
+def test_continuous_check_input_reports_what_the_job_quarantined_since_the_last_run(tmp_path, seed_query):
+    """In continuous mode the running job enforces the landing contract; check_input says what it quarantined
+    (rows by reason, files by rule) in the batches since the previous run reported, from its metrics."""
+    from mjoin.engine.metrics import write_record
+    from mjoin.reoptimize import check_input, prepare
+
+    lake = Lake(str(tmp_path / "lake"))
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "mode": "continuous"},
+                                 run_id="scheduled__q")
+    _land_cycles(lake, seed_query, range(LIVE0, LIVE0 + 90, 10))
+    zero = {s: {} for s in seed_query.stream_names}
+
+    def batch(b, **quarantined):
+        write_record(lake.metrics(seed_query.name), {"batch_id": b, "quarantined": dict(zero, **quarantined),
+                                                     "quarantined_files": [{"path": "x.parquet", "rule": "input.files_readable",
+                                                                            "reason": "unreadable"}] if b == 1 else []})
+
+    batch(0, sr={"null_key": 3})
+    batch(1, sr={"null_key": 2, "unreadable": 0}, wr={"late": 4})
+    ctx = prepare(cfg, "2026-01-01T00:01:31Z")
+    out = check_input(cfg, ctx, clock=lambda: LIVE0 + 200.0, sleep=lambda s: None)
+    assert out["job_quarantine"] == {"batches": [0, 1], "rows": 9, "by_stream": {"sr": {"null_key": 5}, "wr": {"late": 4}},
+                                     "files": 1}
+    assert json.loads(open(os.path.join(ctx["run_dir"], "job_quarantine.json")).read())["files"][0]["rule"] == \
+        "input.files_readable"
+    batch(2, cr={"bad_time": 1})
+    ctx2 = prepare(cfg, "2026-01-01T00:01:32Z")
+    out2 = check_input(cfg, ctx2, clock=lambda: LIVE0 + 200.0, sleep=lambda s: None)
+    assert out2["job_quarantine"]["batches"] == [2, 2] and out2["job_quarantine"]["by_stream"] == {"cr": {"bad_time": 1}}

@@ -240,3 +240,35 @@ def summary(items: list[Entry]) -> dict:
             e.stream, {}).get(e.reason, 0)
     return {"by_reason": by_reason, "by_batch": by_batch, "entries": len(items),
             "replayed": sum(1 for e in items if e.replayed)}
+
+
+def job_report(lake, query_name: str, after_batch: int | None = None) -> dict:
+    """What the join job quarantined in its batches after ``after_batch`` (from its metrics): counts per
+    stream and reason, the rejected files with their rules, and the newest batch read."""
+    from .engine.metrics import read_metrics
+    from .engine.normalize import add_counts
+
+    try:
+        records = read_metrics(lake, query_name)
+    except (OSError, ValueError):
+        records = []
+    new = [r for r in records if after_batch is None or r["batch_id"] > after_batch]
+    counts: dict = {}
+    for r in new:
+        add_counts(counts, r.get("quarantined") or {})
+    files = [dict(f, batch_id=r["batch_id"]) for r in new for f in r.get("quarantined_files") or []]
+    return {"batches": [new[0]["batch_id"], new[-1]["batch_id"]] if new else None,
+            "last_batch": new[-1]["batch_id"] if new else after_batch,
+            "rows": sum(n for per in counts.values() for n in per.values()), "by_stream": counts, "files": files}
+
+
+def per_batch(records: list, limit: int = 20) -> list[dict]:
+    """Quarantine counts per batch, stream and reason (nonzero), the newest ``limit`` batches: the rows
+    of the plugin page's table."""
+    rows = []
+    for r in records[-limit:]:
+        for stream, reasons in (r.get("quarantined") or {}).items():
+            for reason, n in reasons.items():
+                if n:
+                    rows.append({"batch_id": r["batch_id"], "stream": stream, "reason": reason, "rows": n})
+    return rows

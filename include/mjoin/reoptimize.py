@@ -369,7 +369,28 @@ def check_input(cfg: LoopConfig, ctx: dict, *, clock=time.time, sleep=time.sleep
     waited = None if lands_itself(cfg) else await_cycles(cfg, query, ctx["end"], clock=clock, sleep=sleep)
     brief = _finish_gate(gate(query, Lake(cfg.lake), ctx["start"], ctx["end"], cycle=cfg.cycle,
                               config=_gate_config(cfg)), ctx, "input")
-    return {**brief, "completeness": waited}
+    out = {**brief, "completeness": waited}
+    if ctx.get("mode") == "continuous":
+        out["job_quarantine"] = job_quarantine_since_last_run(cfg, query.name, ctx["run_dir"])
+    return out
+
+
+def job_quarantine_since_last_run(cfg: LoopConfig, query_name: str, run_dir: str) -> dict:
+    """Continuous mode: what the running join job quarantined (files by contract rule, rows by reason)
+    since the previous run reported, from its batch metrics; written to ``job_quarantine.json`` of the
+    run folder and logged (the job enforces the landing contract itself; the gate judged the files)."""
+    from .quarantine import job_report
+
+    lake = Lake(cfg.lake, cfg.namespace)
+    marker = fsutil.join(lake.reports(query_name), "quarantine_reported.json")
+    after = json.loads(fsutil.read_text(marker))["last_batch"] if fsutil.exists(marker) else None
+    report = job_report(lake, query_name, after)
+    _write(fsutil.join(run_dir, "job_quarantine.json"), report)
+    _write(marker, {"last_batch": report["last_batch"]})
+    if report["rows"] or report["files"]:
+        log.warning("the join job quarantined %d rows and %d files in batches %s: %s", report["rows"],
+                    len(report["files"]), report["batches"], report["by_stream"])
+    return {k: report[k] for k in ("batches", "rows", "by_stream")} | {"files": len(report["files"])}
 
 
 def cycle_landed(lake: Lake, source: str, end: float, cycle: float) -> bool:

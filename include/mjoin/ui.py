@@ -28,6 +28,7 @@ def queries_with_plans(lake: Lake | None = None) -> list[str]:
     root = fsutil.join(lake.root, "plans")
     names = set(fsutil.listdir(root))
     names |= set(fsutil.listdir(fsutil.join(lake.root, "reports")))
+    names |= set(fsutil.listdir(fsutil.join(lake.root, "metrics")))  # a join job running, no plan yet
     return sorted(n for n in names if not n.startswith("."))
 
 
@@ -55,8 +56,20 @@ def registry_json(lake: Lake | None = None) -> dict:
         reg = PlanRegistry(lake, q)
         out[q] = {"active": reg.active_version(), "versions": reg.history(), "activations": reg.activations(),
                   "outcomes": read_outcomes(lake, q, limit=50),
-                  "reports": [n for n in fsutil.listdir(lake.reports(q)) if n.endswith(".html")]}
+                  "reports": [n for n in fsutil.listdir(lake.reports(q)) if n.endswith(".html")],
+                  "quarantine": quarantine_rows(lake, q)}
     return out
+
+
+def quarantine_rows(lake: Lake, query: str, limit: int = 20) -> list[dict]:
+    """The join job's quarantine counts per batch, stream and reason over its newest ``limit`` batches."""
+    from .engine.metrics import read_metrics
+    from .quarantine import per_batch
+
+    try:
+        return per_batch(read_metrics(lake, query), limit)
+    except (OSError, ValueError):
+        return []
 
 
 def report_file(query: str, name: str, lake: Lake | None = None) -> str | None:
@@ -101,6 +114,9 @@ def registry_page(lake: Lake | None = None) -> str:
             parts.append(f"<p>reports: {links}</p>")
         parts.append("<h3>versions</h3>" + _table(info["versions"], ["version", "active", "strategy", "created_at",
                                                                     "estimated_cost", "run"]))
+        if info.get("quarantine"):
+            parts.append("<h3>quarantined by the join job (newest batches)</h3>"
+                         + _table(list(reversed(info["quarantine"])), ["batch_id", "stream", "reason", "rows"]))
         if info["outcomes"]:
             parts.append("<h3>recent re-optimizations</h3>" + _table(list(reversed(info["outcomes"])), [
                 "interval_end", "status", "reason", "strategy", "version", "active_version", "estimated_gain", "threshold",
