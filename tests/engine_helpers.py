@@ -143,6 +143,8 @@ def reference_sql(query, lake: Lake, start_us: int | None = None, end_us: int | 
     newest = "greatest(" + ", ".join(f"{n}._t" for n in names) + ")"
     where = [f"{p.left}.\"_key_{p.left_column}\" = {p.right}.\"_key_{p.right_column}\"" for p in query.predicates]
     where += [f"{newest} - {s.name}._t < {int(round(s.window * 1_000_000))}" for s in query.streams]
+    where += [f'abs({b.left}."{b.left_column}" - {b.right}."{b.right_column}") <= {b.width}'
+              for b in getattr(query, "bands", ())]
     if start_us is not None:
         where.append(f"{newest} >= {start_us}")
     if end_us is not None:
@@ -167,9 +169,11 @@ def multiset(df: pd.DataFrame, columns=None) -> Counter:
 
 
 def _plain(v):
+    from decimal import Decimal
+
     if isinstance(v, (np.integer,)):
         return int(v)
-    if isinstance(v, (np.floating,)):
+    if isinstance(v, (np.floating, Decimal)):  # DuckDB's pandas frames give decimals as floats
         return float(v)
     return v
 

@@ -90,6 +90,28 @@ class Predicate:
 
 
 @dataclass(frozen=True)
+class Band:
+    """A residual band predicate ``|left.left_column - right.right_column| <= width`` between two streams
+    that an equi-predicate already joins (PSP's band join, applied after the key lookup)."""
+
+    left: str
+    left_column: str
+    right: str
+    right_column: str
+    width: float
+
+    def __str__(self) -> str:
+        w = int(self.width) if float(self.width).is_integer() else self.width
+        return f"abs({self.left}.{self.left_column} - {self.right}.{self.right_column}) <= {w}"
+
+    def column_of(self, stream: str) -> str:
+        return self.left_column if stream == self.left else self.right_column
+
+
+_NUMERIC_TYPES = ("long", "int", "short", "double", "float")
+
+
+@dataclass(frozen=True)
 class Edge:
     """An undirected join-graph edge between two streams, within one attribute class."""
 
@@ -127,6 +149,7 @@ class Query:
     lateness: float = 0.0
     description: str = ""
     source_path: str | None = field(default=None, compare=False)
+    bands: tuple = ()  # Band: residual predicates between joined streams
 
     # ---- streams ---------------------------------------------------------
     @property
@@ -266,7 +289,7 @@ class Query:
                 }
                 for s in self.streams
             ],
-            "predicates": [str(p) for p in self.predicates],
+            "predicates": [str(p) for p in self.predicates] + [str(b) for b in self.bands],
             "output": [f"{o.stream}.{o.column}" + ("" if o.name == o.column else f" AS {o.name}") for o in self.output],
         }
 
@@ -284,6 +307,8 @@ class Query:
             lines.append(f"  class {cid}: " + " = ".join(f"{s}.{c}" for s, c in members))
         lines.append("  edges: " + ", ".join(f"{e.a}-{e.b}" + ("" if e.explicit else "*") for e in self.edges)
                      + "   (* implied by transitivity)")
+        for b in self.bands:
+            lines.append(f"  band: {b}   (residual, after the key lookup)")
         lines.append("  output: " + ", ".join(o.name for o in self.output))
         return "\n".join(lines)
 
@@ -367,6 +392,39 @@ _PRED = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\.([
 _OUT = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\s+(?:AS|as)\s+([A-Za-z_]\w*))?\s*$")
 
 
+_BAND_ABS = re.compile(r"^\s*abs\(\s*(\w+)\.(\w+)\s*-\s*(\w+)\.(\w+)\s*\)\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.I)
+_BAND_BETWEEN = re.compile(r"^\s*(\w+)\.(\w+)\s+BETWEEN\s+(\w+)\.(\w+)\s*-\s*([0-9]+(?:\.[0-9]+)?)\s+AND\s+"
+                           r"(\w+)\.(\w+)\s*\+\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.I)
+
+
+def _parse_band(i: int, text: str, by_name: dict, source) -> Band | None:
+    """A band predicate (None if ``text`` is not one), validated: known streams and numeric columns."""
+    m = _BAND_ABS.match(text)
+    if m:
+        l, lc, r, rc, w = m.groups()
+    else:
+        m = _BAND_BETWEEN.match(text)
+        if not m:
+            return None
+        l, lc, r, rc, w1, r2, rc2, w2 = m.groups()
+        if (r2, rc2) != (r, rc) or float(w1) != float(w2):
+            raise QuerySpecError(f"predicates[{i}]", f"{text!r}: a band is 'a.x BETWEEN b.y - c AND b.y + c' with the "
+                                 "same column and width on both sides", source)
+        w = w1
+    for s, c in ((l, lc), (r, rc)):
+        if s not in by_name:
+            raise QuerySpecError(f"predicates[{i}]", f"unknown stream {s!r} in {text!r}", source)
+        t = by_name[s].columns.get(c)
+        if t is None:
+            raise QuerySpecError(f"predicates[{i}]", f"{s}.{c} is not a declared column of stream {s}", source)
+        if t not in _NUMERIC_TYPES and not t.startswith("decimal("):
+            raise QuerySpecError(f"predicates[{i}]", f"{s}.{c} is {t}: a band compares numbers "
+                                 "(long, int, short, double, float, decimal)", source)
+    if l == r:
+        raise QuerySpecError(f"predicates[{i}]", f"{text!r} compares stream {l} with itself", source)
+    return Band(l, lc, r, rc, float(w))
+
+
 def parse_query(doc: dict, source: str | None = None) -> Query:
     """Validate a spec document (already parsed from YAML) and build the :class:`Query`."""
     if not isinstance(doc, dict):
@@ -399,10 +457,16 @@ def parse_query(doc: dict, source: str | None = None) -> Query:
         raise QuerySpecError("predicates", "must list equi-join predicates like 'a.x = b.y'", source)
     preds = []
     pairs = {}
+    bands = []
     for i, text in enumerate(raw_preds):
+        band = _parse_band(i, str(text), by_name, source)
+        if band is not None:
+            bands.append(band)
+            continue
         m = _PRED.match(str(text))
         if not m:
-            raise QuerySpecError(f"predicates[{i}]", f"{text!r} is not an equi-join 'stream.column = stream.column'", source)
+            raise QuerySpecError(f"predicates[{i}]", f"{text!r} is not an equi-join 'stream.column = stream.column' nor "
+                                 "a band 'abs(a.x - b.y) <= c' / 'a.x BETWEEN b.y - c AND b.y + c'", source)
         l, lc, r, rc = m.groups()
         for s, c in ((l, lc), (r, rc)):
             if s not in by_name:
@@ -438,8 +502,18 @@ def parse_query(doc: dict, source: str | None = None) -> Query:
             raise QuerySpecError(f"output[{i}]", f"output name {o.name!r} is used twice; rename one with AS", source)
         seen[o.name] = i
 
+    if not preds:
+        raise QuerySpecError("predicates", "needs at least one equi-join predicate 'a.x = b.y' (a band only filters "
+                             "streams a key joins)", source)
     query = Query(name=name, streams=tuple(streams), predicates=tuple(preds), output=tuple(output),
-                  lateness=lateness, description=str(doc.get("description") or ""), source_path=source)
+                  lateness=lateness, description=str(doc.get("description") or ""), source_path=source,
+                  bands=tuple(bands))
+    for i, text in enumerate(raw_preds):
+        b = _parse_band(i, str(text), by_name, source)
+        if b is not None and not query.has_edge(b.left, b.right):
+            raise QuerySpecError(f"predicates[{i}]", f"the band {text!r} joins {b.left} and {b.right}, which no equi-join "
+                                 "key joins: band-only pairs (PSP's time-sliced state) are not supported yet; add a key "
+                                 "predicate between them", source)
 
     # graph-level checks
     for cid, members in query.attribute_classes.items():

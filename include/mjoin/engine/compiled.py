@@ -43,6 +43,8 @@ class EngineQuery:
     payload: dict  # stream -> tuple of (column, spec type)
     output: tuple  # (output name, payload column name)
     fingerprint: str
+    #: residual band predicates: (left, left payload column, right, right payload column, width)
+    bands: tuple = ()
 
     @classmethod
     def from_query(cls, query) -> "EngineQuery":
@@ -50,11 +52,14 @@ class EngineQuery:
         stream_classes = {s: tuple(query.classes_of(s)) for s in query.stream_names}
         key_columns = {(s, c): query.key_column(s, c) for s in query.stream_names for c in stream_classes[s]}
         payload = {}
+        bands = tuple(getattr(query, "bands", ()))
         for s in query.streams:
             cols = []
-            for o in query.output:
-                if o.stream == s.name and o.column not in [c for c, _ in cols]:
-                    cols.append((o.column, s.type_of(o.column)))
+            wanted = [o.column for o in query.output if o.stream == s.name] + \
+                [b.column_of(s.name) for b in bands if s.name in (b.left, b.right)]
+            for c in wanted:  # the output's columns and the bands' (carried with the state)
+                if c not in [x for x, _ in cols]:
+                    cols.append((c, s.type_of(c)))
             payload[s.name] = tuple(cols)
         return cls(
             name=query.name, streams=tuple(query.stream_names), classes=classes, stream_classes=stream_classes,
@@ -63,6 +68,8 @@ class EngineQuery:
             lateness_us=int(round(query.lateness * MICROS)), payload=payload,
             output=tuple((o.name, payload_name(o.stream, o.column)) for o in query.output),
             fingerprint=query.fingerprint,
+            bands=tuple((b.left, payload_name(b.left, b.left_column), b.right, payload_name(b.right, b.right_column),
+                         b.width) for b in bands),
         )
 
     def index(self, stream: str) -> int:

@@ -214,8 +214,45 @@ class SegmentRun:
     stats: list  # StepStats per step
 
 
-def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
-    """Factorised probing of one same-class segment: per step one lookup per surviving group."""
+def within_band(a, b, width: float) -> np.ndarray:
+    """``|a - b| <= width`` per row of two Arrow arrays (NULL: False), in the columns' own arithmetic:
+    exact for integers and decimals (as the SQL reference), floating point for doubles."""
+    import pyarrow.compute as pc
+
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    if isinstance(b, pa.ChunkedArray):
+        b = b.combine_chunks()
+    if pa.types.is_floating(a.type) or pa.types.is_floating(b.type):
+        a, b = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())
+        w = pa.scalar(float(width))
+    elif pa.types.is_decimal(a.type) or pa.types.is_decimal(b.type):
+        from decimal import Decimal
+
+        w = pa.scalar(Decimal(repr(float(width))))
+    else:
+        a, b = pc.cast(a, pa.int64()), pc.cast(b, pa.int64())
+        w = pa.scalar(float(width))
+    d = pc.abs(pc.subtract(a, b))
+    if pa.types.is_integer(d.type):
+        d = pc.cast(d, pa.float64())
+    return np.asarray(pc.less_equal(d, w).fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _bands_into(eq: EngineQuery, right: str):
+    """The bands that ``right`` takes part in: (other stream, other column, right's column, width)."""
+    for l, lc, r, rc, w in eq.bands:
+        if r == right:
+            yield l, lc, rc, w
+        elif l == right:
+            yield r, rc, lc, w
+
+
+def probe(groups: Groups, steps, views: dict, window_us: dict, eq: EngineQuery | None = None,
+          held: frozenset = frozenset()) -> SegmentRun:
+    """Factorised probing of one same-class segment: per step one lookup per surviving group; a band
+    predicate between the step's stream and a member the groups already hold (the chain's first tuple,
+    or a partial result's members: ``held``) filters the matches here, the others in :func:`materialise`."""
     alive = np.arange(len(groups), dtype=np.int64)
     matches, stats = [], []
     for left, right in steps:
@@ -232,6 +269,12 @@ def probe(groups: Groups, steps, views: dict, window_us: dict) -> SegmentRun:
             tsc = view.ts[cand]
             ok = (tsc > groups.lo[grp] - window_us[right]) & (tsc < groups.hi[grp])
             grp, cand = grp[ok], cand[ok]
+            if eq is not None and eq.bands:
+                for other, ocol, rcol, width in _bands_into(eq, right):
+                    if other in held and len(grp):
+                        keep = within_band(groups.payload.column(ocol).take(pa.array(grp)),
+                                           view.table.column(rcol).take(pa.array(cand)), width)
+                        grp, cand = grp[keep], cand[keep]
             alive = _sorted_unique(grp)
             st.hits, st.matches = len(alive), len(grp)
         else:
@@ -256,7 +299,7 @@ class Materialised:
 
 
 def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQuery,
-                lookup_col: str | None = None) -> Materialised:
+                lookup_col: str | None = None, held: frozenset = frozenset()) -> Materialised:
     """Cross products of the surviving groups' matches, with the exact pairwise window check
     and residual equality on keys of other classes (cyclic graphs across classes). The
     segment's own key (``lookup_col``) is equal by construction: not re-checked."""
@@ -289,6 +332,16 @@ def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQ
                 new_bound[col] = (np.where(known, vals, kv), np.ones(len(rep), dtype=bool))
             else:
                 new_bound[col] = (kv, np.ones(len(rep), dtype=bool))
+        for other, ocol, rcol, width in _bands_into(eq, right):  # bands with a member joined before
+            if not len(rep):
+                break
+            if other in idx:
+                ovals = views[other].table.column(ocol).take(pa.array(idx[other][rep]))
+            elif other in held:
+                ovals = groups.payload.column(ocol).take(pa.array(rows[rep]))
+            else:
+                continue  # joined later: checked then
+            ok &= within_band(ovals, view.table.column(rcol).take(pa.array(cand)), width)
         sel = np.flatnonzero(ok)
         rep, cand = rep[sel], cand[sel]
         rows = rows[rep]
@@ -488,9 +541,10 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     eq = ctx.eq
     steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
     t0, c0 = time.perf_counter(), time.thread_time()
-    run = probe(groups, steps, views, eq.window_us)
+    held = frozenset([chain.stream] + [r for _, r, _ in chain.steps[:seg.start]])  # members the groups hold
+    run = probe(groups, steps, views, eq.window_us, eq, held)
     t1 = time.perf_counter()
-    mat = materialise(groups, run, steps, views, eq, key_name(seg.attr_class))
+    mat = materialise(groups, run, steps, views, eq, key_name(seg.attr_class), held)
     payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
     if seg.end == len(chain.steps):
         if len(mat):
@@ -529,7 +583,7 @@ def _prefilter(ctx: BucketContext, groups: Groups, chain, views: dict, doc: dict
         # what the dropped tuples would have cost: re-run their probes, outside the timing
         seg = chain.segments[0]
         steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
-        run = probe(groups.subset(dropped), steps, views, ctx.eq.window_us)
+        run = probe(groups.subset(dropped), steps, views, ctx.eq.window_us, ctx.eq, frozenset([chain.stream]))
         doc["lookups_saved"] += sum(st.lookups for st in run.stats)
         doc["matches_saved"] += sum(st.matches for st in run.stats)
     return groups if len(dropped) == 0 else groups.subset(np.flatnonzero(keep))
