@@ -143,6 +143,12 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     t = time.perf_counter()
     run = _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes)
     timings["assemble"] = time.perf_counter() - t
+    if getattr(query, "bands", ()):  # edges a band filters: their matches as the engine keeps them
+        from .bands import apply_bands
+
+        t = time.perf_counter()
+        run.rows = apply_bands(run.rows, query, lake, grid)
+        timings["bands"] = time.perf_counter() - t
     run.summary = _summary(query, grid, config, counts, key_range, reports, stream_classes, classes)
     if sketch_info:
         run.summary["sketch"] = sketch_info

@@ -1,0 +1,119 @@
+"""The match statistics of the edges a band predicate filters (PSP residuals; ALGORITHMS.md Eq. 9-10).
+
+For a directed edge ``(l, r)`` whose streams a band ``|l.x - r.y| <= c`` relates, the engine keeps only
+the matches within the band (:func:`mjoin.engine.operator.within_band`), so the optimizer must price
+the step with them: per cycle ``j``, ``q`` lookups (the rows of ``l`` in the cycle with a key), ``m``
+of them with at least one match, ``s`` matches, where a match is a row ``v`` of ``r`` with the same key,
+``ts_u - W_r < ts_v <= ts_u`` and the band true. ``gamma = m / q``, ``mu = s / m``, replacing the
+key-only values of those edges in the statistics job's rows.
+
+Computed on the driver with pyarrow and numpy from the landed files (the key, event time and band
+columns of the two streams over the cycles and the window before them): a sort per stream and two
+binary searches per probe give each probe's candidate rows of the same key in the window; the band
+is tested on the candidates (memory: the candidate pairs, not the pairs passing).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import fsutil
+from ..contract import to_epoch_seconds
+
+log = logging.getLogger(__name__)
+
+
+def _rows(lake, stream, column: str, lo_us: int, hi_us: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(key, ts micros, band values) of a stream's rows with a key and ts in ``[lo_us, hi_us)``."""
+    keys, tss, vals = [], [], []
+    et = stream.event_time.column
+    for path in lake.stream_files(stream.source):
+        fs, p = fsutil.resolve(path)
+        try:
+            with fs.open_input_file(p) as fh:
+                t = pq.read_table(fh, columns=[stream.keys[0], et, column])
+        except (OSError, pa.ArrowException, KeyError):
+            continue  # the contract's rules reject such a file; the engine quarantines it
+        secs = to_epoch_seconds(t.column(et))
+        ts = np.where(np.isfinite(secs), np.round(secs * 1e6), -1).astype(np.int64)
+        k = t.column(stream.keys[0])
+        ok = np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & np.isfinite(secs) & \
+            (ts >= lo_us) & (ts < hi_us)
+        idx = np.flatnonzero(ok)
+        keys.append(np.asarray(pc.cast(k, pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)[idx])
+        tss.append(ts[idx])
+        vals.append(t.column(column).combine_chunks().take(pa.array(idx)))
+    if not keys:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), pa.array([], pa.float64())
+    return np.concatenate(keys), np.concatenate(tss), pa.concat_arrays(vals) if len(vals) > 1 else vals[0]
+
+
+def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
+    """``{cycle j: (q, m, s)}`` of the directed edge ``left -> right`` with ``band`` applied."""
+    from ..engine.operator import within_band
+
+    ls, rs = query.stream(left), query.stream(right)
+    w_r = int(round(rs.window * 1e6))
+    lk, lt, lv = _rows(lake, ls, band.column_of(left), grid.t0_us, grid.t1_us)
+    rk, rt, rv = _rows(lake, rs, band.column_of(right), grid.t0_us - w_r, grid.t1_us)
+    out = {}
+    if not len(lk):
+        return out
+    # r sorted by (key, ts); a probe u's candidates: same key, ts in (ts_u - W_r, ts_u]
+    if not len(rk):
+        return {int(jj): (int(((lt - grid.t0_us) // grid.tau_us == jj).sum()), 0, 0)
+                for jj in np.unique((lt - grid.t0_us) // grid.tau_us)}
+    order = np.lexsort((rt, rk))
+    rk, rt, rv = rk[order], rt[order], rv.take(pa.array(order))
+    # one sorted int64 per r row, rank(key) * span + (ts - t_min), so that both binary searches of every
+    # probe run vectorised (two np.searchsorted calls, no loop per probe)
+    ukeys, rank_r = np.unique(rk, return_inverse=True)
+    t_min = min(int(rt.min()) if len(rt) else 0, int(lt.min()) - w_r) - 1
+    span = max(int(rt.max()) if len(rt) else 0, int(lt.max())) - t_min + 2
+    if len(ukeys) and span * (len(ukeys) + 1) >= (1 << 62):
+        raise OverflowError("band statistics: too many keys for the interval's time span")
+    comb = rank_r.astype(np.int64) * span + (rt - t_min)
+    pos = np.searchsorted(ukeys, lk)
+    pos_c = np.minimum(pos, max(len(ukeys) - 1, 0))
+    has = (pos < len(ukeys)) & (ukeys[pos_c] == lk) if len(ukeys) else np.zeros(len(lk), bool)
+    base = pos_c.astype(np.int64) * span
+    lo = np.searchsorted(comb, base + (lt - w_r - t_min), side="right")
+    hi = np.searchsorted(comb, base + (lt - t_min), side="right")
+    start = np.where(has, lo, 0)
+    count = np.where(has, hi - lo, 0)
+    j = (lt - grid.t0_us) // grid.tau_us
+    total = int(count.sum())
+    probe = np.repeat(np.arange(len(lk)), count)
+    cand = (np.arange(total) - np.repeat(np.cumsum(count) - count, count) + np.repeat(start, count)) if total \
+        else np.zeros(0, np.int64)
+    ok = within_band(lv.take(pa.array(probe)), rv.take(pa.array(cand)), band.width) if total else np.zeros(0, bool)
+    s_per = np.bincount(probe[ok], minlength=len(lk)) if total else np.zeros(len(lk), np.int64)
+    for jj in np.unique(j):
+        sel = j == jj
+        out[int(jj)] = (int(sel.sum()), int((s_per[sel] > 0).sum()), int(s_per[sel].sum()))
+    return out
+
+
+def apply_bands(rows, query, lake, grid):
+    """The statistics job's tidy rows with the band edges' ``q, m, s, gamma, mu`` as the engine matches
+    (group 0; partitioned statistics keep the key-only values, said in the log)."""
+    import pandas as pd
+
+    if not getattr(query, "bands", ()) or rows is None or not len(rows):
+        return rows
+    rows = rows.copy()
+    for band in query.bands:
+        for left, right in ((band.left, band.right), (band.right, band.left)):
+            counts = band_edge_counts(query, lake, grid, band, left, right)
+            for jj, (q, m, s) in counts.items():
+                start = pd.Timestamp(grid.start_epoch(jj), unit="s", tz="UTC")
+                sel = (rows["entity"] == "edge") & (rows["stream"] == left) & (rows["right"] == right) & \
+                      (rows["group"] == 0) & (pd.to_datetime(rows["cycle_start"], utc=True) == start)
+                rows.loc[sel, ["q", "m", "s"]] = [q, m, s]
+                rows.loc[sel, "gamma"] = m / q if q else 0.0
+                rows.loc[sel, "mu"] = s / m if m else 1.0
+    return rows
