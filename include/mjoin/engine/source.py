@@ -118,6 +118,21 @@ class FileLog:
         self.next_seq += len(new)
         return new
 
+    def refresh(self) -> "FileLog":
+        """Read the segments appended since this log was loaded (the source's process writes them)."""
+        starts = sorted(int(m.group(1)) for n in fsutil.listdir(self.root) if (m := SEGMENT.match(n)))
+        for first in starts:
+            if first < self.next_seq:
+                continue
+            for e in json.loads(fsutil.read_text(fsutil.join(self.root, f"{first:012d}.json"))):
+                entry = FileEntry(**e)
+                if entry.seq != self.next_seq:
+                    raise RuntimeError(f"file log {self.root}: entry {entry.seq} where {self.next_seq} was expected")
+                self.entries.append(entry)
+                self.next_seq += 1
+                self._remember(entry)
+        return self
+
     def between(self, start: int, end: int) -> list[FileEntry]:
         if start < self.base_seq:
             raise RuntimeError(f"file log {self.root}: positions before {self.base_seq} were compacted, "
@@ -270,3 +285,24 @@ def source_frame(spark, lake, query, checkpoint: str, config):
     if config.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
     return reader.load()
+
+
+def batch_offsets(checkpoint: str, batch_id: int) -> tuple[int, int] | None:
+    """``(start, end)`` positions in the file log of micro-batch ``batch_id``, from Spark's offset log
+    (``offsets/<id>``: a version line, the batch metadata, then this source's offset ``{"seq": n}``);
+    None when it cannot tell (a purged or foreign log entry)."""
+    def end_of(b: int) -> int | None:
+        path = fsutil.join(checkpoint, "offsets", str(b))
+        if not fsutil.exists(path):
+            return None
+        lines = [x for x in fsutil.read_text(path).splitlines() if x.strip()]
+        try:
+            return int(json.loads(lines[-1])["seq"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    end = end_of(batch_id)
+    start = 0 if batch_id == 0 else end_of(batch_id - 1)
+    if end is None or start is None or start > end:
+        return None
+    return start, end

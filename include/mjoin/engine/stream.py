@@ -40,7 +40,7 @@ from .control import JobControl, Watcher
 from .inputs import as_lake, as_plan, as_query
 from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
                         punctuation_rows, write_quarantine)
-from .source import source_frame
+from .source import FileLog, batch_offsets, file_log_dir, source_frame
 from .watermark import Watermarks
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ class StreamJob:
         self.by_source: dict = {}
         for s in query.streams:
             self.by_source.setdefault(s.source, []).append(s.name)
+        self.checkpoint = lake.checkpoints(query.name)
+        self._flog = None  # the source's file log, read on the driver (engine.source)
         self.in_batch: int | None = None  # the batch running now (status: batch_in_progress)
         self.batch_started_at: str | None = None
         self.last_done: int | None = None  # the last batch this run completed
@@ -161,6 +163,22 @@ class StreamJob:
             for n in names:
                 out[n].append(e.path)
         return out, ignored
+
+    def batch_entries(self, df, batch_id: int) -> list:
+        """The batch's landed files in log order: the positions Spark's offset log gives this batch id, read
+        from the file log on the driver (no Spark job for a few file names); else the source's rows."""
+        where = batch_offsets(self.checkpoint, batch_id)
+        for fresh in (False, True) if where is not None else ():
+            start, end = where
+            try:
+                if fresh or self._flog is None:
+                    self._flog = FileLog(file_log_dir(self.checkpoint))
+                got = self._flog.refresh().between(start, end)
+                if len(got) == end - start:
+                    return got
+            except (RuntimeError, OSError, ValueError) as exc:
+                log.warning("batch %d: the file log on the driver: %s", batch_id, exc)
+        return sorted(df.collect(), key=lambda r: r.seq)
 
     def progress(self) -> dict:
         """What the job's status file reports about the batches (see ``engine.control``)."""
@@ -235,7 +253,7 @@ class StreamJob:
 
         spark, eq, runner = self.spark, self.eq, self.runner
         t0 = time.perf_counter()
-        entries = sorted(df.collect(), key=lambda r: r.seq)
+        entries = self.batch_entries(df, batch_id)
         files, ignored = self.files_by_stream([e for e in entries if e.kind != "punctuation"])
         punctuations = [(e.path, e.source, e.arrival) for e in entries if e.kind == "punctuation"]
         prev = runner.store.latest_before(batch_id)
