@@ -76,7 +76,16 @@ def _interval(spark, query, lake, plan, tmp_path, start=-1000, end=2000):
     return read_results(str(tmp_path / "interval"), query.name), s
 
 
-def test_batch_with_streams_of_one_class_only(spark, tmp_path):
+WHERE = pytest.mark.parametrize("where", ["executors", "driver"])
+
+
+def _cfg(where: str, **kw) -> EngineConfig:
+    """Micro-batches on the executors (Spark jobs) or on the driver (small batches)."""
+    return EngineConfig(driver_rows=0 if where == "executors" else 10**6, **kw)
+
+
+@WHERE
+def test_batch_with_streams_of_one_class_only(spark, tmp_path, where):
     """Issue 21, first reproduction: the first micro-batch holds only x (class kb); it used to fail in
     BatchRunner.route with UNRESOLVED_COLUMN _k_c0."""
     q = parse_query(SPEC, source="purge_stage2")
@@ -85,8 +94,8 @@ def test_batch_with_streams_of_one_class_only(spark, tmp_path):
                          ("rm", 100, [{"ka": 5, "kb": 1, "id": 2, "ts": 101}]),
                          ("rp", 120, [{"ka": 5, "id": 3, "ts": 120}])])
     plan = _plan(q, ISSUE_PLAN)
-    s = run_stream(spark, q, lake, plan=plan, config=EngineConfig(buckets=1, shuffle_partitions=1,
-                                                                  max_files_per_trigger=1))
+    s = run_stream(spark, q, lake, plan=plan, config=_cfg(where, buckets=1, shuffle_partitions=1,
+                                                          max_files_per_trigger=1))
     assert s.batches == [0, 1, 2]
     records = read_metrics(lake, q.name)
     assert [sum(1 for v in r["rows_in"].values() if v) for r in records] == [1, 1, 1]
@@ -97,7 +106,8 @@ def test_batch_with_streams_of_one_class_only(spark, tmp_path):
     assert_same_results(res, expected, "streaming vs interval")
 
 
-def test_tuple_expiring_in_the_batch_that_needs_it(spark, tmp_path):
+@WHERE
+def test_tuple_expiring_in_the_batch_that_needs_it(spark, tmp_path, where):
     """Issue 21, second reproduction: in the batch that brings p@120, x@100 expires at the batch's end;
     stage 2 (class kb) must still see it: (pid 3, mid 2, xid 1) is a result (120 - 100 < 30)."""
     q = parse_query(SPEC, source="purge_stage2")
@@ -109,8 +119,8 @@ def test_tuple_expiring_in_the_batch_that_needs_it(spark, tmp_path):
                          ("rp", 120, [{"ka": 5, "id": 3, "ts": 120}, {"ka": 6, "id": 4, "ts": 135}]),
                          ("rm", 130, [{"ka": 901, "kb": 901, "id": 91, "ts": 130}])])
     plan = _plan(q, ISSUE_PLAN)
-    s = run_stream(spark, q, lake, plan=plan, config=EngineConfig(buckets=1, shuffle_partitions=1,
-                                                                  max_files_per_trigger=2))
+    s = run_stream(spark, q, lake, plan=plan, config=_cfg(where, buckets=1, shuffle_partitions=1,
+                                                          max_files_per_trigger=2))
     assert len(s.batches) == 3
     assert sum(sum(v.values()) for v in s.quarantined.values()) == 0
     res = read_results(lake, q.name)
@@ -189,8 +199,8 @@ def _random_orders(rng: random.Random, query) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [11, 23, 37, 41])
-def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed):
+@pytest.mark.parametrize("seed,where", [(11, "driver"), (23, "executors"), (37, "driver"), (41, "executors")])
+def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed, where):
     """Random 2- and 3-class specs and landings; the job runs on the first half, stops, the registry's
     active plan changes, the rest lands (a backlog), the job restarts with another batch size."""
     from mjoin.registry import PlanRegistry
@@ -206,15 +216,15 @@ def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed):
     land_files(lake, q, files[:half], mtimes[:half])
     plan = make_plan(q, _random_orders(rng, q), "fixedOrder")
     max_files = rng.choice([1, 2, 3, 5])
-    cfg = EngineConfig(buckets=2, shuffle_partitions=2, max_files_per_trigger=max_files)
+    cfg = _cfg(where, buckets=2, shuffle_partitions=2, max_files_per_trigger=max_files)
     s1 = run_stream(spark, q, lake, plan=plan, config=cfg)
     assert len(s1.batches) == -(-half // max_files)
     reg = PlanRegistry(lake, q.name)
     reg.activate(reg.publish(make_plan(q, _random_orders(rng, q), "fixedOrder")), by="test")
     land_rest(lake, q, files, half, mtimes)
     max_files2 = rng.choice([1, 2, 4, 7])
-    s2 = run_stream(spark, q, lake, plan=plan, config=EngineConfig(buckets=2, shuffle_partitions=2,
-                                                                   max_files_per_trigger=max_files2))
+    s2 = run_stream(spark, q, lake, plan=plan, config=_cfg(where, buckets=2, shuffle_partitions=2,
+                                                           max_files_per_trigger=max_files2))
     assert s2.batches[0] == s1.batches[-1] + 1 and len(s2.batches) == -(-(len(files) - half) // max_files2)
     assert [sw["to"] for sw in s2.plan_switches] == [1]
     assert sum(sum(v.values()) for v in list(s1.quarantined.values()) + list(s2.quarantined.values())) == 0
