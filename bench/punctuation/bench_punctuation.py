@@ -24,7 +24,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,14 +34,6 @@ PROJECT = HERE.parent.parent
 sys.path.insert(0, str(PROJECT / "include"))
 
 MODES = ("off", "eager", "lazy")
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=PROJECT).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def build(work: Path, minutes: int, rate: float) -> tuple:
@@ -98,7 +89,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     minutes = args.minutes or (8 if args.quick else 20)
     rounds = args.rounds or (1 if args.quick else 3)
-    from mjoin.engine.metrics import machine
+    from mjoin.engine.metrics import git_commit, machine
     from mjoin.resources import Resources
     from mjoin.sparkutil import get_spark
 
@@ -127,7 +118,7 @@ def main(argv=None) -> int:
         summary[m]["state_mean_vs_off"] = summary[m]["state_mean"] / off["state_mean"]
         summary[m]["wall_vs_off"] = summary[m]["wall_seconds"] / off["wall_seconds"]
     doc = {"benchmark": "punctuation", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
-           "git_commit": git_commit(), "parameters": {"minutes": minutes, "rate_per_stream": args.rate,
+           "git_commit": git_commit(PROJECT), "parameters": {"minutes": minutes, "rate_per_stream": args.rate,
                                                       "rounds": rounds, "schedule": "match-drift",
                                                       "windows": {"s0": "5m", "s1": "5m", "s2": "20s"},
                                                       "max_files_per_trigger": 8, "buckets": 4,

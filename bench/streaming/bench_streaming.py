@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,14 +44,6 @@ HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parent.parent
 sys.path.insert(0, str(PROJECT / "include"))
 QUERY = "tpcds_returns_by_address"
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=PROJECT).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def versions() -> dict:
@@ -166,7 +157,7 @@ def main(argv=None) -> int:
     sf = args.sf or (0.1 if args.quick else 1.0)
     rate = args.rate or (400.0 if args.quick else 2000.0)
     rounds = args.rounds or (1 if args.quick else 3)
-    from mjoin.engine.metrics import machine
+    from mjoin.engine.metrics import git_commit, machine
     from mjoin.resources import Resources
     from mjoin.sparkutil import get_spark
     from mjoin.workloads import generate_tpcds, land, load_manifest
@@ -217,7 +208,7 @@ def main(argv=None) -> int:
     live_run["target_rows_per_second"] = target
     live_run["fed_rows_per_second"] = rate * speed
     doc = {"benchmark": "streaming", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
-           "git_commit": git_commit(), "versions": versions(),
+           "git_commit": git_commit(PROJECT), "versions": versions(),
            "parameters": {"sf": sf, "rate": rate, "rounds": rounds, "query": QUERY, "buckets": 16,
                           "local": "local[2]", "shuffle_partitions": 4, "driver_rows": 1_000_000},
            "identical_results": identical, "fingerprint": ref, "catch_up": summary, "runs": runs,

@@ -127,6 +127,17 @@ def stage_times(spark, job_group: str) -> list[dict]:
     return out
 
 
+def git_commit(cwd) -> str | None:
+    """The commit a benchmark ran (recorded with its results), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=cwd).stdout.strip() or None
+    except OSError:
+        return None
+
+
 def machine() -> dict:
     import platform
 

@@ -89,17 +89,7 @@ class FileLog:
             doc = json.loads(fsutil.read_text(known))
             self.next_seq = self.base_seq = int(doc["next_seq"])
             self.folders = {k: set(v) for k, v in doc["folders"].items()}
-        for name in fsutil.listdir(self.root):
-            m = SEGMENT.match(name)
-            if not m or int(m.group(1)) < self.base_seq:
-                continue
-            for e in json.loads(fsutil.read_text(fsutil.join(self.root, name))):
-                entry = FileEntry(**e)
-                if entry.seq != self.next_seq:
-                    raise RuntimeError(f"file log {self.root}: entry {entry.seq} where {self.next_seq} was expected")
-                self.entries.append(entry)
-                self.next_seq += 1
-                self._remember(entry)
+        self.refresh()
 
     def _remember(self, e: FileEntry) -> None:
         folder, name = e.path.rstrip("/").rsplit("/", 2)[-2:]
