@@ -74,3 +74,50 @@ def test_optimizer_prices_band_steps_with_their_matches(spark, tmp_path):
         keys_only, ["sr", "wr", "cr"]), "fixedOrder"))
     plan = optimize(q, sb, "exact")
     assert plan.estimated_cost <= plan_cost(q, sb, order) + 1e-12
+
+
+def test_band_alone_edges_and_keyless_streams(spark, tmp_path):
+    """A pair joined by a band alone (PSP): its edges count the pairs within the band and the window (no key);
+    the keyless stream's own statistics come from its band column (kappa: distinct values in the window);
+    the optimizer plans over them and the statistics gate accepts them."""
+    import sys
+
+    from mjoin.gates import check_statistics
+    from mjoin.optimize import optimize
+    from mjoin.query import parse_query
+    from mjoin.stats.job import compute_statistics
+    from mjoin.stats.sources import US
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_engine_psp import SPEC
+
+    lake = Lake(str(tmp_path / "lake"))
+    info = replay_tpcds(lake, 0.01, rate=40.0, arrival_cycle=20, tables=("store_returns", "web_returns",
+                                                                         "catalog_returns"))
+    q = parse_query(SPEC, source="psp3")
+    start, cycle = info["start"] + 60, 30
+    run = compute_statistics(spark, q, lake, start, start + 2 * cycle, cycle)
+    rows = run.rows
+    files = {s.name: ", ".join(f"'{f}'" for f in lake.stream_files(s.source)) for s in q.streams}
+    con = duckdb_connect()
+    for j in range(2):
+        c0, c1 = (start + j * cycle) * US, (start + (j + 1) * cycle) * US
+        qq, m, s = con.execute(f"""
+            WITH l AS (SELECT row_number() OVER () AS id, epoch_us(ts) AS t, wr_return_amt AS x
+                       FROM read_parquet([{files['wr']}])),
+                 r AS (SELECT epoch_us(ts) AS t, cr_return_amount AS y FROM read_parquet([{files['cr']}])),
+                 p AS (SELECT l.id, count(r.t) AS n FROM l LEFT JOIN r ON r.t <= l.t AND r.t > l.t - 120000000
+                       AND abs(l.x - r.y) <= 2.5 WHERE l.t >= {c0} AND l.t < {c1} GROUP BY l.id)
+            SELECT count(*), count(*) FILTER (WHERE n > 0), coalesce(sum(n), 0) FROM p""").fetchone()
+        got = rows[(rows["entity"] == "edge") & (rows["stream"] == "wr") & (rows["right"] == "cr")] \
+            .sort_values("cycle_start").iloc[j]
+        assert (int(got["q"]), int(got["m"]), int(got["s"])) == (qq, m, s), j
+        kappa = con.execute(f"""SELECT count(DISTINCT cr_return_amount) FROM read_parquet([{files['cr']}])
+                                WHERE epoch_us(ts) <= {c1} - 1 AND epoch_us(ts) > {c1} - 1 - 120000000""").fetchone()[0]
+        cr = rows[(rows["entity"] == "stream") & (rows["stream"] == "cr")].sort_values("cycle_start").iloc[j]
+        assert cr["lambda"] > 0 and abs(cr["kappa"] - kappa) <= 1, (cr["kappa"], kappa)
+    snap = run.snapshot(start + cycle)
+    assert optimize(q, snap, "exact").orders[0]["cr"][0] == ("cr", "wr")  # cr reaches the others through the band
+    gate = check_statistics(q, run.rows, start, start + 2 * cycle, cycle, partitioning=None)
+    failed = [f.expectation for f in gate.failures]
+    assert not [f for f in failed if "edge" in f or "complete" in f], gate.summary()  # every band edge present

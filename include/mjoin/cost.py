@@ -228,7 +228,7 @@ class JoinProblem:
     def from_statistics(cls, query, stats, group: int = 0) -> "JoinProblem":
         """Compile ``query``'s graph with the statistics of key group ``group``."""
         names = tuple(query.stream_names)
-        classes = tuple(query.attribute_classes)
+        classes = tuple(query.all_classes)  # band classes (PSP) too: a step into one changes class
         cidx = {c: i for i, c in enumerate(classes)}
         n = len(names)
         cl = np.full((n, n), -1, dtype=np.int64)

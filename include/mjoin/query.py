@@ -197,7 +197,11 @@ class Query:
         raise KeyError(f"{stream}.{column} is not a join key")
 
     def key_column(self, stream: str, attr_class: str) -> str | None:
-        """The column of ``stream`` in ``attr_class`` (None if the stream is not in it)."""
+        """The column of ``stream`` in ``attr_class`` (None if the stream is not in it); for a band class,
+        the stream's band column."""
+        if attr_class in self.band_classes:
+            b = self.band_classes[attr_class]
+            return b.column_of(stream) if stream in (b.left, b.right) else None
         for s, c in self.attribute_classes[attr_class]:
             if s == stream:
                 return c
@@ -208,11 +212,39 @@ class Query:
 
     @property
     def single_class(self) -> bool:
-        return len(self.attribute_classes) == 1
+        return len(self.attribute_classes) == 1 and not self.band_classes
+
+    # ---- bands (PSP) -------------------------------------------------------
+    @cached_property
+    def band_classes(self) -> dict:
+        """``b0``, ``b1``, ... -> a band predicate between two streams no key joins: such a pair is joined by
+        the band alone, on time-sliced state (PSP, docs/engine.md)."""
+        joined = {frozenset((e.a, e.b)) for e in self._equi_edges}
+        alone = [b for b in self.bands if frozenset((b.left, b.right)) not in joined]
+        return {f"b{i}": b for i, b in enumerate(alone)}
+
+    @property
+    def all_classes(self) -> list[str]:
+        """The attribute classes, then the band classes (what the engine and the statistics key state by)."""
+        return list(self.attribute_classes) + list(self.band_classes)
+
+    def all_classes_of(self, stream: str) -> list[str]:
+        return self.classes_of(stream) + [c for c, b in self.band_classes.items() if stream in (b.left, b.right)]
+
+    def band_scale(self, attr_class: str) -> int:
+        """Decimal scale of a band class's columns (its values are kept as integers times 10^scale)."""
+        b = self.band_classes[attr_class]
+        return _decimal_scale(self.stream(b.left).type_of(b.left_column))
+
+    @property
+    def residual_bands(self) -> tuple:
+        """Bands between streams a key already joins: filters applied after the key lookup."""
+        alone = set(self.band_classes.values())
+        return tuple(b for b in self.bands if b not in alone)
 
     # ---- join graph --------------------------------------------------------
     @cached_property
-    def edges(self) -> tuple[Edge, ...]:
+    def _equi_edges(self) -> tuple[Edge, ...]:
         explicit = {frozenset(((p.left, p.left_column), (p.right, p.right_column))) for p in self.predicates}
         rank = {n: i for i, n in enumerate(self.stream_names)}
         out = []
@@ -221,6 +253,17 @@ class Query:
                 if rank[s1] > rank[s2]:
                     (s1, c1), (s2, c2) = (s2, c2), (s1, c1)
                 out.append(Edge(s1, s2, c1, c2, cid, frozenset(((s1, c1), (s2, c2))) in explicit))
+        return tuple(out)
+
+    @cached_property
+    def edges(self) -> tuple[Edge, ...]:
+        """The join graph: every pair joined by a key (within an attribute class), and every pair joined by a
+        band alone (its band class ``b<i>``)."""
+        rank = {n: i for i, n in enumerate(self.stream_names)}
+        out = list(self._equi_edges)
+        for cid, b in self.band_classes.items():
+            (s1, c1), (s2, c2) = sorted([(b.left, b.left_column), (b.right, b.right_column)], key=lambda x: rank[x[0]])
+            out.append(Edge(s1, s2, c1, c2, cid, True))
         out.sort(key=lambda e: (rank[e.a], rank[e.b]))
         return tuple(out)
 
@@ -307,8 +350,10 @@ class Query:
             lines.append(f"  class {cid}: " + " = ".join(f"{s}.{c}" for s, c in members))
         lines.append("  edges: " + ", ".join(f"{e.a}-{e.b}" + ("" if e.explicit else "*") for e in self.edges)
                      + "   (* implied by transitivity)")
-        for b in self.bands:
+        for b in self.residual_bands:
             lines.append(f"  band: {b}   (residual, after the key lookup)")
+        for cid, b in self.band_classes.items():
+            lines.append(f"  band {cid}: {b}   (joins {b.left} and {b.right} alone: time-sliced state, PSP)")
         lines.append("  output: " + ", ".join(o.name for o in self.output))
         return "\n".join(lines)
 
@@ -356,10 +401,10 @@ def _parse_stream(i: int, doc, source) -> Stream:
         if not NAME.match(str(c)):
             raise QuerySpecError(f"{where}columns.{c}", "is not an identifier", source)
         columns[str(c)] = _check_type(t, f"{where}columns.{c}", source)
-    keys = doc.get("keys")
+    keys = doc.get("keys", [])
     if isinstance(keys, str):
         keys = [keys]
-    if not keys or not isinstance(keys, list):
+    if not isinstance(keys, list):
         raise QuerySpecError(f"{where}keys", "must list the stream's join-key columns", source)
     for k in keys:
         if k not in columns:
@@ -395,6 +440,12 @@ _OUT = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\s+(?:AS|as)\s+([A-Za-z
 _BAND_ABS = re.compile(r"^\s*abs\(\s*(\w+)\.(\w+)\s*-\s*(\w+)\.(\w+)\s*\)\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.I)
 _BAND_BETWEEN = re.compile(r"^\s*(\w+)\.(\w+)\s+BETWEEN\s+(\w+)\.(\w+)\s*-\s*([0-9]+(?:\.[0-9]+)?)\s+AND\s+"
                            r"(\w+)\.(\w+)\s*\+\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.I)
+
+
+def _decimal_scale(spec_type: str) -> int:
+    """The scale of a decimal(p,s) spec type (0 for integers)."""
+    m = re.match(r"^decimal\(\s*\d+\s*,\s*(\d+)\s*\)$", spec_type)
+    return int(m.group(1)) if m else 0
 
 
 def _parse_band(i: int, text: str, by_name: dict, source) -> Band | None:
@@ -502,18 +553,37 @@ def parse_query(doc: dict, source: str | None = None) -> Query:
             raise QuerySpecError(f"output[{i}]", f"output name {o.name!r} is used twice; rename one with AS", source)
         seen[o.name] = i
 
-    if not preds:
-        raise QuerySpecError("predicates", "needs at least one equi-join predicate 'a.x = b.y' (a band only filters "
-                             "streams a key joins)", source)
+    if not preds and not bands:
+        raise QuerySpecError("predicates", "needs at least one join predicate", source)
     query = Query(name=name, streams=tuple(streams), predicates=tuple(preds), output=tuple(output),
                   lateness=lateness, description=str(doc.get("description") or ""), source_path=source,
                   bands=tuple(bands))
+    alone = set(query.band_classes.values())
+    pairs_seen: dict = {}
     for i, text in enumerate(raw_preds):
         b = _parse_band(i, str(text), by_name, source)
-        if b is not None and not query.has_edge(b.left, b.right):
-            raise QuerySpecError(f"predicates[{i}]", f"the band {text!r} joins {b.left} and {b.right}, which no equi-join "
-                                 "key joins: band-only pairs (PSP's time-sliced state) are not supported yet; add a key "
-                                 "predicate between them", source)
+        if b is None or b not in alone:
+            continue
+        pair = frozenset((b.left, b.right))
+        if pair in pairs_seen:
+            raise QuerySpecError(f"predicates[{i}]", f"{b.left} and {b.right} are already joined by the band "
+                                 f"predicates[{pairs_seen[pair]}]; one band per pair joined by bands alone", source)
+        pairs_seen[pair] = i
+        for s_, c_ in ((b.left, b.left_column), (b.right, b.right_column)):
+            t = by_name[s_].columns[c_]
+            if t not in INTEGRAL_TYPES and not t.startswith("decimal("):
+                raise QuerySpecError(f"predicates[{i}]", f"{s_}.{c_} is {t}: a band that joins two streams alone "
+                                     "(time-sliced state) compares integral or decimal columns (the state is sorted "
+                                     "by them as int64)", source)
+        scales = {_decimal_scale(by_name[s_].columns[c_]) for s_, c_ in ((b.left, b.left_column),
+                                                                        (b.right, b.right_column))}
+        if len(scales) > 1:
+            raise QuerySpecError(f"predicates[{i}]", f"{text!r}: both columns of a band that joins two streams alone "
+                                 "need the same scale (two integers, or decimals with the same scale)", source)
+        scale = scales.pop()
+        if abs(b.width * 10 ** scale - round(b.width * 10 ** scale)) > 1e-9:
+            raise QuerySpecError(f"predicates[{i}]", f"{text!r}: the width {b.width:g} has more decimals than the "
+                                 f"columns ({scale})", source)
 
     # graph-level checks
     for cid, members in query.attribute_classes.items():
@@ -530,6 +600,10 @@ def parse_query(doc: dict, source: str | None = None) -> Query:
             except KeyError:
                 raise QuerySpecError(f"streams[{i}] ({s.name}).keys", f"key {k!r} is not used by any predicate",
                                      source) from None
+    for i, s in enumerate(streams):
+        if not s.keys and not any(s.name in (b.left, b.right) for b in query.band_classes.values()):
+            raise QuerySpecError(f"streams[{i}] ({s.name}).keys", "must list the stream's join-key columns (a stream "
+                                 "without keys is joined by a band predicate alone)", source)
     reached, frontier = {streams[0].name}, [streams[0].name]
     while frontier:
         n = frontier.pop()

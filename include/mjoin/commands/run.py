@@ -53,6 +53,9 @@ def add_arguments(p):
     e = p.add_argument_group("engine")
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
+    e.add_argument("--psp-slices", type=int, default=4,
+                   help="time slices of the state of streams joined by a band alone (PSP; default 4; fixed for "
+                        "the life of a state; mjoin.psp.choose_slices picks one by the paper's Eq. 5)")
     e.add_argument("--prefilter", dest="prefilter", action="store_true", default=None,
                    help="force the SMJ synopsis prefilter on (default: the plan's option)")
     e.add_argument("--no-prefilter", dest="prefilter", action="store_false", help="force the prefilter off")
@@ -80,7 +83,8 @@ def config_from(args):
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
                         idle_timeout=getattr(args, "idle_timeout", None),
-                        driver_rows=getattr(args, "driver_rows", 1_000_000))
+                        driver_rows=getattr(args, "driver_rows", 1_000_000),
+                        psp_slices=getattr(args, "psp_slices", 4))
 
 
 def execute(spark, args):

@@ -45,7 +45,7 @@ from .config import EngineConfig, EngineError
 from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
 from .metrics import shuffle_bytes, stage_times, write_record
 from .normalize import REASONS
-from .operator import KIND_REJECT, BucketContext, process_bucket
+from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, BucketContext, process_bucket
 from .results import write_parquet
 from .state import StateStore, file_key, load_state, persist_state
 
@@ -198,23 +198,32 @@ def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: i
     return counts
 
 
-def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema) -> pa.Table:
+def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4) -> pa.Table:
     """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
-    attribute class of its stream with its key's bucket, a rejected row once (``_kind`` 3), one tick row
-    per (class, bucket)."""
+    attribute class of its stream with its key's bucket (in a band class: in every time slice, kept in its
+    own), a rejected row once (``_kind`` 3), one tick row per (class, bucket)."""
     parts = []
     if table is not None and table.num_rows:
         ok = np.asarray(table.column("_reason").is_null().to_numpy(zero_copy_only=False), dtype=bool)
         for ci, c in enumerate(eq.classes):
             k = table.column(key_name(c))
             sel = np.flatnonzero(ok & np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
-            if len(sel):
-                part = table.take(pa.array(sel))
-                keys = np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64)
-                part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.full(len(sel), ci, np.int32)))
-                part = part.set_column(schema.get_field_index("_b"), "_b",
-                                       pa.array(np.mod(keys, buckets).astype(np.int32)))
-                parts.append(part)
+            if not len(sel):
+                continue
+            part = table.take(pa.array(sel))
+            n = len(sel)
+            if eq.is_band(c):
+                ts = np.asarray(part.column("_ts").to_numpy(), dtype=np.int64)
+                home = np.mod(np.floor_divide(ts, eq.slice_us(c, slices)), slices)
+                part = part.take(pa.array(np.repeat(np.arange(n), slices)))
+                b = np.tile(np.arange(slices), n)
+                kind = np.where(b == np.repeat(home, slices), KIND_DELTA, KIND_PROBE).astype(np.int8)
+                part = part.set_column(schema.get_field_index("_kind"), "_kind", pa.array(kind))
+                n *= slices
+            else:
+                b = np.mod(np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64), buckets)
+            part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.full(n, ci, np.int32)))
+            parts.append(part.set_column(schema.get_field_index("_b"), "_b", pa.array(b.astype(np.int32))))
         bad = np.flatnonzero(~ok)
         if len(bad):
             part = table.take(pa.array(bad))
@@ -224,10 +233,10 @@ def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema) -> 
             part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.zeros(len(bad), np.int32)))
             part = part.set_column(schema.get_field_index("_b"), "_b", pa.array(np.mod(s_idx, buckets).astype(np.int32)))
             parts.append(part)
-    n = buckets * len(eq.classes)
-    ids = np.arange(n)
-    tick = {"_kind": pa.array(np.zeros(n, np.int8)), "_c": pa.array((ids // buckets).astype(np.int32)),
-            "_b": pa.array((ids % buckets).astype(np.int32))}
+    pairs = np.array([(ci, b) for ci, c in enumerate(eq.classes) for b in range(slices if eq.is_band(c) else buckets)],
+                     dtype=np.int32).reshape(-1, 2)
+    n = len(pairs)
+    tick = {"_kind": pa.array(np.zeros(n, np.int8)), "_c": pa.array(pairs[:, 0]), "_b": pa.array(pairs[:, 1])}
     parts.append(pa.table([tick[f.name] if f.name in tick else pa.nulls(n, f.type) for f in schema], schema=schema))
     return pa.concat_tables(parts)
 
@@ -418,52 +427,48 @@ class BatchRunner:
         self.arrow_schema = arrow_frame_schema(self.eq)
         self.result_schema = arrow_result_schema(self.eq)
         self.partitions = config.shuffle_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
-        self.store.check_compatible(config.buckets, self.eq.fingerprint)
+        self.store.check_compatible(config.buckets, self.eq.fingerprint,
+                                    config.psp_slices if self.eq.band_width else None)
 
     # ---- stage inputs ---------------------------------------------------------------------
     def route(self, deltas, keep=()):
-        """Each delta row once per attribute class of its stream, with its (class, bucket), conformed
-        to the frame schema (plus the columns in ``keep``). A batch may hold only some streams (a
-        trigger that caught one stream's file): their frame lacks the other classes' key columns,
-        which conforming first adds as typed nulls."""
-        from pyspark.sql import functions as F
-
-        deltas = self.conform(deltas, keep)
-        parts = []
-        for ci, c in enumerate(self.eq.classes):
-            k = key_name(c)
-            parts.append(deltas.where(F.col(k).isNotNull())
-                         .withColumn("_c", F.lit(ci).cast("int"))
-                         .withColumn("_b", F.expr(f"CAST(pmod({k}, {self.config.buckets}) AS INT)")))
-        out = parts[0]
-        for p in parts[1:]:
-            out = out.unionByName(p)
-        return out
+        """Accepted delta rows routed for stage 1 (:meth:`route_frame` of rows without a ``_reason``)."""
+        return self.route_frame(deltas, keep)
 
     def route_frame(self, frame, keep=()):
         """A normalised frame (accepted and rejected rows) routed for stage 1 (without ticks), in one
         projection over one scan of the files: an accepted row once per attribute class of its stream
-        (``_kind`` 1, its key's bucket), a rejected row once (``_kind`` 3, one bucket per stream). A union
-        of two filters would read and normalise every file twice."""
+        (``_kind`` 1, its key's bucket), a rejected row once (``_kind`` 3, one bucket per stream). In a band
+        class (PSP) an accepted row goes to every time slice: kept in its own (``_kind`` 1, the slice of its
+        event time), probing the others (``_kind`` 5). A union of filters would read every file twice."""
         from pyspark.sql import functions as F
 
+        eq = self.eq
         frame = self.conform(frame, keep)
-        nb = self.config.buckets
+        nb, ns = self.config.buckets, self.config.psp_slices
         ok = F.col("_reason").isNull()
-        if len(self.eq.classes) == 1:
-            k = key_name(self.eq.classes[0])
-            c = F.lit(0)
-        else:
-            classes = F.array(*[F.when(ok & F.col(key_name(cl)).isNotNull(), F.lit(ci))
-                                for ci, cl in enumerate(self.eq.classes)])
-            frame = frame.withColumn("_c", F.explode(F.when(ok, classes).otherwise(F.array(F.lit(0))))) \
-                .where(F.col("_c").isNotNull())
-            c = F.col("_c")
-            k = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(cl)}" for i, cl in enumerate(self.eq.classes)) + " END"
-        return (frame.withColumn("_kind", F.when(ok, F.lit(1)).otherwise(F.lit(KIND_REJECT)).cast("tinyint"))
-                .withColumn("_c", c.cast("int"))
-                .withColumn("_b", F.when(ok, F.expr(f"pmod({k}, {nb})")).otherwise(F.expr(f"pmod(_s, {nb})"))
-                            .cast("int")))
+        bands = [ci for ci, c in enumerate(eq.classes) if eq.is_band(c)]
+        if len(eq.classes) == 1 and not bands:
+            return (frame.withColumn("_kind", F.when(ok, F.lit(1)).otherwise(F.lit(KIND_REJECT)).cast("tinyint"))
+                    .withColumn("_c", F.lit(0).cast("int"))
+                    .withColumn("_b", F.when(ok, F.expr(f"pmod({key_name(eq.classes[0])}, {nb})"))
+                                .otherwise(F.expr(f"pmod(_s, {nb})")).cast("int")))
+        classes = F.array(*[F.when(ok & F.col(key_name(cl)).isNotNull(), F.lit(ci)) for ci, cl in enumerate(eq.classes)])
+        frame = frame.withColumn("_c", F.explode(F.when(ok, classes).otherwise(F.array(F.lit(0))))) \
+            .where(F.col("_c").isNotNull())
+        k = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(cl)}" for i, cl in enumerate(eq.classes)) + " END"
+        kind = F.when(ok, F.lit(1)).otherwise(F.lit(KIND_REJECT))
+        bucket = F.when(ok, F.expr(f"pmod({k}, {nb})")).otherwise(F.expr(f"pmod(_s, {nb})"))
+        if bands:
+            in_band = ok & F.col("_c").isin(bands)
+            home = F.expr("CASE _c " + " ".join(
+                f"WHEN {ci} THEN pmod(floor(_ts / {eq.slice_us(eq.classes[ci], ns)}), {ns})" for ci in bands) + " END")
+            frame = frame.withColumn("_slice", F.explode(F.when(in_band, F.sequence(F.lit(0), F.lit(ns - 1)))
+                                                         .otherwise(F.array(F.lit(-1)))))
+            kind = F.when(in_band & (F.col("_slice") != home), F.lit(KIND_PROBE)).otherwise(kind)
+            bucket = F.when(in_band, F.col("_slice")).otherwise(bucket)
+        out = frame.withColumn("_kind", kind.cast("tinyint")).withColumn("_b", bucket.cast("int"))
+        return out.drop("_slice") if bands else out
 
     def clear_quarantined_rows(self, batches) -> None:
         """Remove the quarantined rows of ``batches`` (a re-run writes them again, never twice)."""
@@ -472,15 +477,19 @@ class BatchRunner:
                 fsutil.remove(fsutil.join(self.quarantine_root, stream, "rows", f"batch={b}"))
 
     def ticks(self, batches=None):
-        """One tick row per (class, bucket) (per batch in ``batches``, as column ``_batch``)."""
+        """One tick row per (class, bucket) (a band class's buckets are its time slices), per batch in
+        ``batches`` (as column ``_batch``)."""
         from pyspark.sql import functions as F
 
-        nb, nc = self.config.buckets, len(self.eq.classes)
-        n = nb * nc
-        df = self.spark.range(n * (len(batches) if batches else 1)).select(
-            F.lit(0).cast("tinyint").alias("_kind"),
-            ((F.col("id") % n) / nb).cast("int").alias("_c"), (F.col("id") % nb).cast("int").alias("_b"),
-            *([(F.lit(batches[0]) + (F.col("id") / n).cast("int")).alias("_batch")] if batches else []))
+        pairs = [(ci, b) for ci, c in enumerate(self.eq.classes)
+                 for b in range(self.config.psp_slices if self.eq.is_band(c) else self.config.buckets)]
+        n = len(pairs)
+        rows = [(ci, b, (batches[0] + k // n) if batches else 0) for k, (ci, b) in
+                enumerate(pairs * (len(batches) if batches else 1))]
+        df = self.spark.createDataFrame(rows, "_c int, _b int, _batch int").withColumn(
+            "_kind", F.lit(0).cast("tinyint"))
+        if not batches:
+            df = df.drop("_batch")
         return self.conform(df, ("_batch",) if batches else ())
 
     def conform(self, df, keep=()):
@@ -525,7 +534,7 @@ class BatchRunner:
         ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
                             batch_id=batch_id, stage=1, buckets=cfg.buckets, emit=emit, purge_bound=purge_bound,
                             prefilter_accounting=cfg.prefilter_accounting, punctuation=plan.punctuation,
-                            punctuation_threshold=plan.punctuation_threshold)
+                            punctuation_threshold=plan.punctuation_threshold, psp_slices=cfg.psp_slices)
         self.clear_quarantined_rows([batch_id])
         if binput.local is not None:
             docs, stage_seconds, physical, stage = self._run_local(ctx, binput, prev_files, results_dir, tmp,
@@ -553,7 +562,7 @@ class BatchRunner:
                     files.pop(key, None)
         max_ts = max([v for v in ((prev or {}).get("max_ts"), binput.max_ts) if v is not None], default=None)
         manifest = {"version": batch_id, "batch_id": batch_id, "query": eq.name, "query_fingerprint": eq.fingerprint,
-                    "buckets": cfg.buckets, "max_ts": max_ts,
+                    "buckets": cfg.buckets, "psp_slices": cfg.psp_slices, "max_ts": max_ts,
                     "watermark": None if max_ts is None else max_ts - eq.lateness_us,
                     "plan_version": plan.version, "plan_source": plan.source, "files": files,
                     "mode": self.mode}
@@ -646,7 +655,7 @@ class BatchRunner:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_schema)
+        first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_schema, self.config.psp_slices)
         deltas = first.filter(pc.equal(first.column("_kind"), 1))
         if binput.punctuations is not None and binput.punctuations.num_rows:
             first = pa.concat_tables([first, binput.punctuations.cast(self.arrow_schema)])
@@ -701,7 +710,8 @@ class BatchRunner:
         ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
                             batch_id=first, stage=1, buckets=cfg.buckets, emit=True, purge_bound=None,
                             prefilter_accounting=cfg.prefilter_accounting, track_state=True,
-                            punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold)
+                            punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold,
+                            psp_slices=cfg.psp_slices)
         conf = conf_in_effect(spark)
         docs, final, stage_seconds, physical = [], [], {}, {}
         stage_input, stage = routed, 1
@@ -752,7 +762,7 @@ class BatchRunner:
         max_ts = max([v for v in [(prev or {}).get("max_ts")] + [inputs[b].max_ts for b in batches] if v is not None],
                      default=None)
         self.store.commit({"version": last, "batch_id": last, "query": eq.name, "query_fingerprint": eq.fingerprint,
-                           "buckets": cfg.buckets, "max_ts": max_ts,
+                           "buckets": cfg.buckets, "psp_slices": cfg.psp_slices, "max_ts": max_ts,
                            "watermark": None if max_ts is None else max_ts - eq.lateness_us,
                            "plan_version": plan.version, "plan_source": plan.source, "files": files,
                            "mode": self.mode, "pipelined_from": first,

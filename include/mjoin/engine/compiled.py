@@ -16,13 +16,19 @@ Row layout shared by deltas, state files and partial results (the "frame"):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 MICROS = 1_000_000
 
 
 def payload_name(stream: str, column: str) -> str:
     return f"{stream}__{column}"
+
+
+def _scale(spec_type: str) -> int:
+    m = re.match(r"^decimal\(\s*\d+\s*,\s*(\d+)\s*\)$", spec_type)
+    return int(m.group(1)) if m else 0
 
 
 def key_name(attr_class: str) -> str:
@@ -45,14 +51,24 @@ class EngineQuery:
     fingerprint: str
     #: residual band predicates: (left, left payload column, right, right payload column, width)
     bands: tuple = ()
+    #: band classes (a pair joined by a band alone, PSP): class -> half-width of the band in the key's int64
+    #: units (decimals are scaled to integers); their keys are the band columns, their buckets time slices
+    band_width: dict = field(default_factory=dict)
+    band_scale: dict = field(default_factory=dict)  # class -> decimal scale of its columns (0: integers)
 
     @classmethod
     def from_query(cls, query) -> "EngineQuery":
-        classes = tuple(query.attribute_classes)
-        stream_classes = {s: tuple(query.classes_of(s)) for s in query.stream_names}
-        key_columns = {(s, c): query.key_column(s, c) for s in query.stream_names for c in stream_classes[s]}
+        band_classes = dict(getattr(query, "band_classes", {}))
+        classes = tuple(query.attribute_classes) + tuple(band_classes)
+        stream_classes = {s: tuple(query.classes_of(s)) + tuple(c for c, b in band_classes.items() if s in (b.left, b.right))
+                          for s in query.stream_names}
+        key_columns = {(s, c): query.key_column(s, c) for s in query.stream_names for c in stream_classes[s]
+                       if c not in band_classes}
+        key_columns.update({(s, c): b.column_of(s) for c, b in band_classes.items() for s in (b.left, b.right)})
+        band_scale = {c: _scale(query.stream(b.left).type_of(b.left_column)) for c, b in band_classes.items()}
+        band_width = {c: int(round(b.width * 10 ** band_scale[c])) for c, b in band_classes.items()}
         payload = {}
-        bands = tuple(getattr(query, "bands", ()))
+        bands = tuple(getattr(query, "residual_bands", ()))
         for s in query.streams:
             cols = []
             wanted = [o.column for o in query.output if o.stream == s.name] + \
@@ -70,7 +86,17 @@ class EngineQuery:
             fingerprint=query.fingerprint,
             bands=tuple((b.left, payload_name(b.left, b.left_column), b.right, payload_name(b.right, b.right_column),
                          b.width) for b in bands),
+            band_width=band_width, band_scale=band_scale,
         )
+
+    def is_band(self, attr_class: str) -> bool:
+        return attr_class in self.band_width
+
+    def slice_us(self, attr_class: str, slices: int) -> int:
+        """Length of a time slice of a band class's state: the longer window of its two streams cut into
+        ``slices`` (a tuple lives in the state for one window, so each slice holds about 1/slices of it)."""
+        w = max(self.window_us[s] for s in self.members(attr_class))
+        return -(-w // slices)
 
     def index(self, stream: str) -> int:
         return self.streams.index(stream)

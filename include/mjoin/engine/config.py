@@ -60,6 +60,9 @@ class EngineConfig:
     #: streaming: re-list an arrival folder while its epoch is within this many seconds of the newest
     #: arrival of its source (see :mod:`mjoin.engine.source`)
     recheck_seconds: float = 600.0
+    #: time slices of the state of a pair joined by a band alone (PSP): every new tuple visits every slice.
+    #: Fixed for the life of a state, like ``buckets``; :func:`mjoin.psp.choose_slices` picks it (Eq. 5).
+    psp_slices: int = 4
     #: streaming: a micro-batch whose committed state plus new rows hold at most this many tuples runs on
     #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small
     #: batch); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
@@ -79,6 +82,8 @@ class EngineConfig:
             parse_fault(self.fault)
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise EngineError("idle_timeout must be a positive number of seconds (or inf: never idle)")
+        if self.psp_slices < 1:
+            raise EngineError("psp_slices must be >= 1")
         if self.driver_rows < 0:
             raise EngineError("driver_rows must be >= 0 (0: never run a batch on the driver)")
         if not self.recheck_seconds >= 0:

@@ -206,7 +206,8 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
     null_key, bad_type = [], []
     for c in eq.stream_classes[stream_name]:
         col = eq.key_columns[(stream_name, c)]
-        expr = _as_long_key(col, _kind(schema.field(col).type))
+        expr = (_as_long_key(col, _kind(schema.field(col).type)) if not eq.is_band(c) else
+                f"try_cast({_q(col)} * {10 ** eq.band_scale[c]} AS BIGINT)")  # a band value in integer units
         cols.append(F.expr(expr).alias(key_name(c)))
         null_key.append(f"{_q(col)} IS NULL")
         bad_type.append(f"({_q(col)} IS NOT NULL AND {expr} IS NULL)")
@@ -386,7 +387,10 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
             null_key = np.zeros(n, bool)
             for c in eq.stream_classes[name]:
                 col = eq.key_columns[(name, c)]
-                k = pc.cast(t.column(col), pa.int64())
+                src = t.column(col)
+                if eq.is_band(c) and eq.band_scale[c]:  # a band value in integer units
+                    src = pc.multiply(src, pa.scalar(10 ** eq.band_scale[c], pa.int64()))
+                k = pc.cast(src, pa.int64())
                 cols[key_name(c)] = k
                 null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
             bad_type = np.zeros(n, bool)

@@ -40,7 +40,9 @@ from ..partition import group_of
 from .compiled import CompiledPlan, EngineQuery, key_name
 
 EMPTY = np.zeros(0, dtype=np.int64)
-KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT = 0, 1, 2, 3, 4
+KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT, KIND_PROBE = 0, 1, 2, 3, 4, 5
+#: KIND_PROBE: in a band class (PSP), a new tuple's copy in a time slice other than its own: it probes the
+#: slice's state and is not kept there (each tuple is kept in one slice, visits every slice)
 PROMISES = "__promises"  # suffix of a stream's promise state (its punctuations) in a (class, bucket)
 
 
@@ -140,6 +142,15 @@ class KeyedRows:
         start = np.where(found, self.offsets[pos], 0)
         count = np.where(found, self.offsets[pos + 1] - self.offsets[pos], 0)
         return start, count
+
+    def band_ranges(self, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each key: (first row, number of rows) with a key in ``[key - width, key + width]``: the rows are
+        sorted by key, so a band lookup is two binary searches."""
+        if len(self) == 0 or len(keys) == 0:
+            return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64)
+        lo = np.searchsorted(self.key, keys - width, side="left")
+        hi = np.searchsorted(self.key, keys + width, side="right")
+        return lo.astype(np.int64), (hi - lo).astype(np.int64)
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         return self.ranges(keys)[1] > 0
@@ -249,7 +260,7 @@ def _bands_into(eq: EngineQuery, right: str):
 
 
 def probe(groups: Groups, steps, views: dict, window_us: dict, eq: EngineQuery | None = None,
-          held: frozenset = frozenset()) -> SegmentRun:
+          held: frozenset = frozenset(), band_width: int | None = None) -> SegmentRun:
     """Factorised probing of one same-class segment: per step one lookup per surviving group; a band
     predicate between the step's stream and a member the groups already hold (the chain's first tuple,
     or a partial result's members: ``held``) filters the matches here, the others in :func:`materialise`."""
@@ -260,7 +271,8 @@ def probe(groups: Groups, steps, views: dict, window_us: dict, eq: EngineQuery |
         t0, c0 = time.perf_counter(), time.thread_time()
         if len(alive):
             view = views[right]
-            start, count = view.ranges(groups.key[alive])
+            start, count = (view.ranges(groups.key[alive]) if band_width is None
+                            else view.band_ranges(groups.key[alive], band_width))
             st.lookups = len(alive)
             st.calls = 1
             st.found = int(np.count_nonzero(count))
@@ -389,6 +401,7 @@ class BucketContext:
     stage: int
     buckets: int
     emit: bool = True  # False: warm-up (only build state)
+    psp_slices: int = 4  # time slices of a band class's state (PSP)
     purge_bound: int | None = None  # every future row has ts >= this (micros)
     prefilter_accounting: bool = True
     #: compute the bucket's next state in stages after the first too (pipelined interval runs
@@ -469,8 +482,8 @@ def _reject_table(ctx: BucketContext, rows: KeyedRows, stream: str, idx: np.ndar
 
 
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
-                 attr_class: str) -> KeyedRows:
-    sel = np.flatnonzero((kind == KIND_DELTA) & (s_idx == ctx.eq.index(stream)))
+                 attr_class: str, which: int = KIND_DELTA) -> KeyedRows:
+    sel = np.flatnonzero((kind == which) & (s_idx == ctx.eq.index(stream)))
     cols = ctx.eq.state_columns(stream)
     if len(sel) and int(sel[-1]) - int(sel[0]) + 1 == len(sel):  # contiguous (input sorted by stream): a view
         table = rows.slice(int(sel[0]), len(sel)).select(cols)
@@ -508,6 +521,8 @@ def _groups_from_partials(ctx: BucketContext, part: pa.Table, attr_class: str) -
 
 def _partial_table(ctx: BucketContext, payload: dict, mat: Materialised, chain_idx: int, group: int,
                    next_step: int, next_class: str) -> pa.Table:
+    """Partial results routed to the class of their next step: to the bucket of their key there, or, for a
+    band class (PSP), to every time slice (each slice's state is probed; every state tuple is in one)."""
     eq, sch = ctx.eq, ctx.frame_schema
     n = len(mat)
     nk_vals, nk_known = mat.bound[key_name(next_class)]
@@ -528,7 +543,12 @@ def _partial_table(ctx: BucketContext, payload: dict, mat: Materialised, chain_i
             cols[col] = pa.array(v, mask=~known)
     cols.update(payload)
     arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in sch]
-    return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, sch)], schema=sch)
+    table = pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, sch)], schema=sch)
+    if eq.is_band(next_class):
+        k = ctx.psp_slices
+        table = table.take(pa.array(np.repeat(np.arange(n), k)))
+        table = table.set_column(sch.get_field_index("_b"), "_b", pa.array(np.tile(np.arange(k, dtype=np.int32), n)))
+    return table
 
 
 def _chain_doc(stream: str, group: int, rows_in: int) -> dict:
@@ -542,7 +562,7 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     steps = [(l, r) for l, r, _ in chain.steps[seg.start:seg.end]]
     t0, c0 = time.perf_counter(), time.thread_time()
     held = frozenset([chain.stream] + [r for _, r, _ in chain.steps[:seg.start]])  # members the groups hold
-    run = probe(groups, steps, views, eq.window_us, eq, held)
+    run = probe(groups, steps, views, eq.window_us, eq, held, eq.band_width.get(seg.attr_class))
     t1 = time.perf_counter()
     mat = materialise(groups, run, steps, views, eq, key_name(seg.attr_class), held)
     payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
@@ -689,11 +709,15 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 keep = np.flatnonzero(~drop)
                 delta[j] = KeyedRows._sorted(d.table.take(pa.array(keep)), kcol, d.key[keep], d.ts[keep])
     full = {j: old[j].concat(delta[j]) for j in members}
+    probing = delta
+    if eq.is_band(attr_class):  # a new tuple probes every time slice: here, its copies from the other slices too
+        probing = {j: delta[j].concat(_stream_rows(ctx, rows, kind, s_idx, j, attr_class, KIND_PROBE))
+                   for j in members}
     pre = {"checked": 0, "dropped": 0, "lookups_saved": 0, "matches_saved": 0, "seconds": 0.0} if plan.prefilter else None
     chains = out.doc["chains"]
     if ctx.emit and ctx.stage == 1:
         for i in members:
-            d = delta[i]
+            d = probing[i]
             if len(d) == 0:
                 continue
             views = _views_for(eq, i, members, old, full)

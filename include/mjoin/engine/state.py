@@ -83,11 +83,16 @@ class StateStore:
         doc = dict(doc, committed_at=iso(datetime.now(timezone.utc)))
         fsutil.atomic_write_text(self.manifest_path(doc["version"]), json.dumps(doc, indent=1, sort_keys=True))
 
-    def check_compatible(self, buckets: int, fingerprint: str) -> None:
-        """The committed state can continue under this run's bucket count and query spec."""
+    def check_compatible(self, buckets: int, fingerprint: str, psp_slices: int | None = None) -> None:
+        """The committed state can continue under this run's bucket count (and time slices of band classes)
+        and query spec."""
         m = self.latest()
         if m is None:
             return
+        if psp_slices is not None and m.get("psp_slices") not in (None, psp_slices):
+            raise EngineError(f"the state in {self.root} was built with {m.get('psp_slices')} time slices for the "
+                              f"band classes, this run uses {psp_slices}; use --psp-slices {m.get('psp_slices')} or "
+                              "start from an empty state")
         if m.get("buckets") != buckets:
             raise EngineError(f"the state in {self.root} was built with {m.get('buckets')} buckets, this run uses "
                               f"{buckets}; use --buckets {m.get('buckets')} or start from an empty state")

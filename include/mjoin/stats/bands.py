@@ -27,20 +27,26 @@ from ..contract import to_epoch_seconds
 log = logging.getLogger(__name__)
 
 
-def _rows(lake, stream, column: str, lo_us: int, hi_us: int) -> tuple[np.ndarray, np.ndarray, pa.Array]:
-    """(key, ts micros, band values) of a stream's rows with a key and ts in ``[lo_us, hi_us)``."""
+#: band-only edges (no key): at most this many candidate pairs are tested per edge; beyond, the probes are
+#: sampled and m, s scaled by the sampled share (q stays exact)
+MAX_PAIRS = 20_000_000
+
+
+def _rows(lake, stream, column: str, lo_us: int, hi_us: int, key: str | None) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(key, ts micros, band values) of a stream's rows with a key (``key`` None: every row, key 0) and ts in
+    ``[lo_us, hi_us)``."""
     keys, tss, vals = [], [], []
     et = stream.event_time.column
     for path in lake.stream_files(stream.source):
         fs, p = fsutil.resolve(path)
         try:
             with fs.open_input_file(p) as fh:
-                t = pq.read_table(fh, columns=[stream.keys[0], et, column])
+                t = pq.read_table(fh, columns=list(dict.fromkeys([c for c in (key, et, column) if c])))
         except (OSError, pa.ArrowException, KeyError):
             continue  # the contract's rules reject such a file; the engine quarantines it
         secs = to_epoch_seconds(t.column(et))
         ts = np.where(np.isfinite(secs), np.round(secs * 1e6), -1).astype(np.int64)
-        k = t.column(stream.keys[0])
+        k = t.column(key) if key else pa.array(np.zeros(t.num_rows, np.int64))
         ok = np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & np.isfinite(secs) & \
             (ts >= lo_us) & (ts < hi_us)
         idx = np.flatnonzero(ok)
@@ -58,8 +64,11 @@ def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
 
     ls, rs = query.stream(left), query.stream(right)
     w_r = int(round(rs.window * 1e6))
-    lk, lt, lv = _rows(lake, ls, band.column_of(left), grid.t0_us, grid.t1_us)
-    rk, rt, rv = _rows(lake, rs, band.column_of(right), grid.t0_us - w_r, grid.t1_us)
+    keyed = query.has_edge(left, right) and query.edge(left, right).attr_class in query.attribute_classes
+    lkey = query.edge(left, right).column_of(left) if keyed else None
+    rkey = query.edge(left, right).column_of(right) if keyed else None
+    lk, lt, lv = _rows(lake, ls, band.column_of(left), grid.t0_us, grid.t1_us, lkey)
+    rk, rt, rv = _rows(lake, rs, band.column_of(right), grid.t0_us - w_r, grid.t1_us, rkey)
     out = {}
     if not len(lk):
         return out
@@ -86,7 +95,14 @@ def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
     start = np.where(has, lo, 0)
     count = np.where(has, hi - lo, 0)
     j = (lt - grid.t0_us) // grid.tau_us
+    weight = np.ones(len(lk))
     total = int(count.sum())
+    if total > MAX_PAIRS:  # a band alone over large windows: test a uniform sample of the probes
+        share = MAX_PAIRS / total
+        keep = np.random.default_rng(0).random(len(lk)) < share
+        count = np.where(keep, count, 0)
+        weight = np.where(keep, 1.0 / share, 0.0)
+        total = int(count.sum())
     probe = np.repeat(np.arange(len(lk)), count)
     cand = (np.arange(total) - np.repeat(np.cumsum(count) - count, count) + np.repeat(start, count)) if total \
         else np.zeros(0, np.int64)
@@ -94,7 +110,8 @@ def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
     s_per = np.bincount(probe[ok], minlength=len(lk)) if total else np.zeros(len(lk), np.int64)
     for jj in np.unique(j):
         sel = j == jj
-        out[int(jj)] = (int(sel.sum()), int((s_per[sel] > 0).sum()), int(s_per[sel].sum()))
+        out[int(jj)] = (int(sel.sum()), int(round(((s_per[sel] > 0) * weight[sel]).sum())),
+                        int(round((s_per[sel] * weight[sel]).sum())))
     return out
 
 
@@ -106,14 +123,25 @@ def apply_bands(rows, query, lake, grid):
     if not getattr(query, "bands", ()) or rows is None or not len(rows):
         return rows
     rows = rows.copy()
+    starts = pd.to_datetime(rows["cycle_start"], utc=True)
+    added = []
     for band in query.bands:
         for left, right in ((band.left, band.right), (band.right, band.left)):
             counts = band_edge_counts(query, lake, grid, band, left, right)
-            for jj, (q, m, s) in counts.items():
+            for jj in range(grid.n):
+                q, m, s = counts.get(jj, (0, 0, 0))
                 start = pd.Timestamp(grid.start_epoch(jj), unit="s", tz="UTC")
+                values = {"q": q, "m": m, "s": s, "gamma": m / q if q else 0.0, "mu": s / m if m else 1.0}
                 sel = (rows["entity"] == "edge") & (rows["stream"] == left) & (rows["right"] == right) & \
-                      (rows["group"] == 0) & (pd.to_datetime(rows["cycle_start"], utc=True) == start)
-                rows.loc[sel, ["q", "m", "s"]] = [q, m, s]
-                rows.loc[sel, "gamma"] = m / q if q else 0.0
-                rows.loc[sel, "mu"] = s / m if m else 1.0
+                      (rows["group"] == 0) & (starts == start)
+                if sel.any():  # a band beside a key: the key-only counts are replaced
+                    for k, v in values.items():
+                        rows.loc[sel, k] = v
+                else:  # a band alone (no key, no kernel row): the edge's row is made here
+                    cyc = rows[(starts == start)].iloc[0]
+                    added.append({**{c: None for c in rows.columns}, "query": cyc["query"],
+                                  "cycle_start": cyc["cycle_start"], "cycle_seconds": cyc["cycle_seconds"], "group": 0,
+                                  "entity": "edge", "stream": left, "right": right, **values})
+    if added:
+        rows = pd.concat([rows, pd.DataFrame(added, columns=rows.columns)], ignore_index=True)
     return rows

@@ -110,8 +110,8 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     grid = make_grid(start, end, cycle_seconds)
     t_start = time.perf_counter()
     timings = {}
-    classes = list(query.attribute_classes)
-    stream_classes = [[classes.index(c) for c in query.classes_of(s)] for s in query.stream_names]
+    classes = query.all_classes  # band classes (PSP) are keyed by their band column; their edges: stats.bands
+    stream_classes = [[classes.index(c) for c in query.all_classes_of(s)] for s in query.stream_names]
     class_members = {ci: [sid for sid, cs in enumerate(stream_classes) if ci in cs] for ci in range(len(classes))}
     windows_us = [exact.micros(s.window) for s in query.streams]
 

@@ -111,8 +111,11 @@ def _spec_family(spec_type: str) -> str:
     return spec_type
 
 
-def needed_columns(stream) -> list[str]:
+def needed_columns(stream, query=None) -> list[str]:
     cols = list(stream.keys)
+    for b in (query.band_classes.values() if query is not None else ()):  # band columns key the band classes
+        if stream.name in (b.left, b.right) and b.column_of(stream.name) not in cols:
+            cols.append(b.column_of(stream.name))
     if stream.event_time.column and stream.event_time.column not in cols:
         cols.append(stream.event_time.column)
     return cols
@@ -214,7 +217,7 @@ def _spark_path(path: str) -> str:
 
 def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arrivals: bool = True):
     """The narrow DataFrame of all streams (see module doc) and a report per stream."""
-    classes = list(query.attribute_classes)
+    classes = query.all_classes
     part_class = rule["attr_class"] if rule else None
     frames, reports = [], {}
     for sid, s in enumerate(query.streams):
@@ -232,7 +235,7 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             if why:
                 rep.rejected_files.append({"file": f, "reason": why})
                 continue
-            sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s))
+            sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s, query))
             by_schema.setdefault(sig, []).append(f)
             rep.rows_in_files += num_rows
         rep.files = sum(len(v) for v in by_schema.values())
@@ -241,8 +244,9 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         lo_us = grid.t0_us - int(round(s.window * US))
         # one projection and one filter per file schema, as SQL strings: in a classic session every DataFrame
         # call is a round trip to the JVM and an analysis, and this plan is rebuilt every run
-        keys = [f"CAST(`{kc}` AS BIGINT)" if kc else "CAST(NULL AS BIGINT)"
-                for kc in (query.key_column(s.name, c) for c in classes)]
+        keys = [(f"CAST(`{kc}` AS BIGINT)" if c not in query.band_classes else
+                 f"CAST(`{kc}` * {10 ** query.band_scale(c)} AS BIGINT)") if kc else "CAST(NULL AS BIGINT)"
+                for c, kc in ((c, query.key_column(s.name, c)) for c in classes)]
         if part_class is None:
             g = "CAST(0 AS BIGINT)"
         else:
@@ -257,7 +261,7 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             if s.event_time.expr is None:
                 # only the needed columns, with explicit types: other columns (even ones Spark cannot
                 # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
-                reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s), sig)))
+                reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s, query), sig)))
             frames.append(reader.parquet(*[_spark_path(p) for p in paths]).selectExpr(*columns).where(keep))
     if frames:
         base = frames[0]
