@@ -86,8 +86,7 @@ def test_default_plan_and_metrics_record(spark, tpcds_lake, seed_query, seed_ref
     stages = rec["execution"]["spark_stages"]
     assert s.extra["execution"] == "fused" and [st["kind"] for st in stages] == ["input", "operator"]
     landed = sum(pq.read_metadata(f).num_rows for t in TPCDS_TABLES for f in lake.stream_files(t))
-    ticks = 16 * (s.batches + 1)  # one row per bucket and batch (the warm-up too), from spark.range
-    assert stages[0]["input_rows"] == landed + ticks and stages[0]["shuffle_write_bytes"] > 0
+    assert stages[0]["input_rows"] == landed and stages[0]["shuffle_write_bytes"] > 0  # (ticks: a local relation)
     # TPC-DS returns have NULL address keys: quarantined with their reason and counted
     assert sum(r["quarantined"]["sr"]["null_key"] for r in records) > 0
     assert s.quarantined["sr"]["null_key"] == sum(r["quarantined"]["sr"]["null_key"] for r in records)
