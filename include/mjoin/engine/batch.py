@@ -198,6 +198,14 @@ def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: i
     return counts
 
 
+def slice_of(ts: np.ndarray, key: np.ndarray, slices: int) -> np.ndarray:
+    """A band-class tuple's own time slice on the driver: a hash of its event time and band value, so the
+    slices hold equal counts whatever the rates (where a tuple is kept does not have to agree with the
+    executors' hash: it is probed in every slice, and purged by its own event time)."""
+    h = (ts.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (key.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+    return ((h >> np.uint64(33)) % np.uint64(slices)).astype(np.int64)
+
+
 def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4) -> pa.Table:
     """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
     attribute class of its stream with its key's bucket (in a band class: in every time slice, kept in its
@@ -213,8 +221,8 @@ def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, sli
             part = table.take(pa.array(sel))
             n = len(sel)
             if eq.is_band(c):
-                ts = np.asarray(part.column("_ts").to_numpy(), dtype=np.int64)
-                home = np.mod(np.floor_divide(ts, eq.slice_us(c, slices)), slices)
+                home = slice_of(np.asarray(part.column("_ts").to_numpy(), dtype=np.int64),
+                                np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64), slices)
                 part = part.take(pa.array(np.repeat(np.arange(n), slices)))
                 b = np.tile(np.arange(slices), n)
                 kind = np.where(b == np.repeat(home, slices), KIND_DELTA, KIND_PROBE).astype(np.int8)
@@ -461,8 +469,7 @@ class BatchRunner:
         bucket = F.when(ok, F.expr(f"pmod({k}, {nb})")).otherwise(F.expr(f"pmod(_s, {nb})"))
         if bands:
             in_band = ok & F.col("_c").isin(bands)
-            home = F.expr("CASE _c " + " ".join(
-                f"WHEN {ci} THEN pmod(floor(_ts / {eq.slice_us(eq.classes[ci], ns)}), {ns})" for ci in bands) + " END")
+            home = F.expr(f"pmod(xxhash64(_ts, {k}, _s), {ns})")  # a tuple's own slice: by count, not by time
             frame = frame.withColumn("_slice", F.explode(F.when(in_band, F.sequence(F.lit(0), F.lit(ns - 1)))
                                                          .otherwise(F.array(F.lit(-1)))))
             kind = F.when(in_band & (F.col("_slice") != home), F.lit(KIND_PROBE)).otherwise(kind)

@@ -92,12 +92,6 @@ class EngineQuery:
     def is_band(self, attr_class: str) -> bool:
         return attr_class in self.band_width
 
-    def slice_us(self, attr_class: str, slices: int) -> int:
-        """Length of a time slice of a band class's state: the longer window of its two streams cut into
-        ``slices`` (a tuple lives in the state for one window, so each slice holds about 1/slices of it)."""
-        w = max(self.window_us[s] for s in self.members(attr_class))
-        return -(-w // slices)
-
     def index(self, stream: str) -> int:
         return self.streams.index(stream)
 
