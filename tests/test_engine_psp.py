@@ -89,3 +89,33 @@ def test_band_alone_needs_integral_or_equal_scale_columns():
     lonely = dict(SPEC, predicates=["sr.sr_addr_sk = wr.wr_refunded_addr_sk"])
     with pytest.raises(QuerySpecError, match="cr.*keys"):
         parse_query(lonely, source="t")
+
+
+def test_psp_slices_auto_follows_eq5_or_the_state(psp_lake, tmp_path):
+    """--psp-slices auto: Eq. 5 from the landed rates, the windows and the cores (at most the cores); a number is
+    taken as given; a state keeps its own slice count."""
+    import argparse
+    import os
+
+    import yaml
+
+    from mjoin.cli import UserError
+    from mjoin.commands import run as run_cmd
+    from mjoin.engine.state import StateStore
+
+    lake, _ = psp_lake
+    spec = tmp_path / "psp3.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    args = p.parse_args(["--stream", "--query", str(spec), "--lake", lake.root])
+    n = run_cmd.config_from(args).psp_slices
+    assert 1 <= n <= (os.cpu_count() or 2)
+    assert run_cmd.config_from(p.parse_args(["--query", str(spec), "--lake", lake.root, "--psp-slices", "3"])).psp_slices == 3
+    with pytest.raises(UserError, match="psp-slices"):
+        run_cmd.config_from(p.parse_args(["--query", str(spec), "--lake", lake.root, "--psp-slices", "0"]))
+    state_lake = Lake(str(tmp_path / "other"))
+    StateStore(state_lake.state("psp3")).commit({"version": 0, "psp_slices": 7, "files": {}})
+    os.makedirs(state_lake.streams(), exist_ok=True)
+    args = p.parse_args(["--stream", "--query", str(spec), "--lake", state_lake.root])
+    assert run_cmd.config_from(args).psp_slices == 7

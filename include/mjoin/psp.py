@@ -47,3 +47,21 @@ def choose_slices(lam: float, window: float, t_j: float, t_s: float, t_n: float,
     candidates = {1, max_slices} | ({math.floor(best), math.ceil(best)} if math.isfinite(best) else set())
     candidates = {min(max(int(c), 1), max_slices) for c in candidates}
     return min(sorted(candidates), key=lambda n: latency(n, l_c, t_n, t_s, lam_w_tj, m))
+
+
+#: per tuple and slice, the cost of one more slice (routing a copy to another task, probing there): measured
+#: by bench/psp on this machine (about 2 us); used when nothing better is known
+DEFAULT_T_S = 2e-6
+#: seconds per comparison (a matched state tuple), as calibrated on this engine (bench/engine: 2-8e-8 s)
+DEFAULT_T_J = 5e-8
+
+
+def slices_for(query, lam: dict, *, t_j: float = DEFAULT_T_J, t_s: float = DEFAULT_T_S, cores: int = 2) -> int:
+    """Eq. 5's slice count for ``query``'s band classes (the most demanding one decides): per band class,
+    the larger of its streams' ``lam`` (tuples/s; missing: 10) into the larger window; 1 without bands."""
+    best = 1
+    for b in query.band_classes.values():
+        rate = max(float(lam.get(b.left, 10.0)), float(lam.get(b.right, 10.0)))
+        window = max(query.stream(b.left).window, query.stream(b.right).window)
+        best = max(best, choose_slices(rate, window, t_j, t_s, t_s, m=len(query.streams), max_slices=cores))
+    return best

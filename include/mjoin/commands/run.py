@@ -53,9 +53,10 @@ def add_arguments(p):
     e = p.add_argument_group("engine")
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
-    e.add_argument("--psp-slices", type=int, default=4,
-                   help="time slices of the state of streams joined by a band alone (PSP; default 4; fixed for "
-                        "the life of a state; mjoin.psp.choose_slices picks one by the paper's Eq. 5)")
+    e.add_argument("--psp-slices", default="auto", metavar="N|auto",
+                   help="slices of the state of streams joined by a band alone (PSP; fixed for the life of a state). "
+                        "auto (default): the existing state's, else the paper's Eq. 5 from the streams' landed "
+                        "rates, the windows and the cores")
     e.add_argument("--prefilter", dest="prefilter", action="store_true", default=None,
                    help="force the SMJ synopsis prefilter on (default: the plan's option)")
     e.add_argument("--no-prefilter", dest="prefilter", action="store_false", help="force the prefilter off")
@@ -77,6 +78,46 @@ def _idle_timeout(text: str) -> float:
     return v
 
 
+def _psp_slices(args) -> int:
+    """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.psp.slices_for)."""
+    value = str(getattr(args, "psp_slices", "auto") or "auto")
+    if value != "auto":
+        from ..cli import UserError
+
+        if not value.isdigit() or int(value) < 1:
+            raise UserError(f"--psp-slices must be a whole number >= 1 or auto, not {value!r}")
+        return int(value)
+    from ..query import load_query
+
+    try:
+        query = load_query(args.query)
+    except Exception:  # the run reports a bad spec itself
+        return 4
+    if not query.band_classes:
+        return 4
+    from ..engine.state import StateStore
+    from ..lake import Lake
+    from ..psp import slices_for
+
+    lake = Lake(args.lake, getattr(args, "namespace", "") or "")
+    latest = StateStore(lake.state(query.name)).latest() if args.stream else None
+    if latest and latest.get("psp_slices"):
+        return int(latest["psp_slices"])
+    lam = {}
+    for s in query.streams:  # rows per second of what has landed
+        files = lake.stream_files(s.source)
+        arrivals = lake.arrivals(s.source)
+        if files and len(arrivals) > 1:
+            import pyarrow.parquet as pq
+
+            rows = sum(pq.read_metadata(f).num_rows for f in files[-50:])
+            span = max(arrivals[-1] - arrivals[max(len(arrivals) - 50, 0)], 1)
+            lam[s.name] = rows / span
+    import os
+
+    return slices_for(query, lam, cores=os.cpu_count() or 2)
+
+
 def config_from(args):
     from ..engine import EngineConfig
 
@@ -84,7 +125,7 @@ def config_from(args):
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
                         idle_timeout=getattr(args, "idle_timeout", None),
                         driver_rows=getattr(args, "driver_rows", 1_000_000),
-                        psp_slices=getattr(args, "psp_slices", 4))
+                        psp_slices=_psp_slices(args))
 
 
 def execute(spark, args):
