@@ -20,6 +20,7 @@ import pytest
 from engine_helpers import (T0, TPCDS_TABLES, assert_same_results, kill_tree, multiset, no_leaked_queries, reference,
                             replay_tpcds, start_job, write_stream_file)
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
+from mjoin.engine.control import JobControl
 from mjoin.lake import Lake
 from mjoin.query import parse_query
 
@@ -96,16 +97,20 @@ class Lander(threading.Thread):
     """Lands the staged cycles in arrival order in real time, one source folder at a time with random
     pauses, so that the job's triggers fall between the folders of one cycle."""
 
-    def __init__(self, stage: Lake, lake: Lake, arrivals, seed: int, pause: float = 0.15):
+    def __init__(self, stage: Lake, lake: Lake, arrivals, seed: int, pause: float = 0.15,
+                 gate: threading.Event | None = None, before_gate: int = 2):
         super().__init__(daemon=True)
         self.stage, self.lake, self.arrivals = stage, lake, arrivals
         self.rng = random.Random(seed)
         self.pause = pause
+        self.gate, self.before_gate = gate, before_gate  # land before_gate cycles, then wait for gate
         self.error = None
 
     def run(self):
         try:
-            for a in self.arrivals:
+            for i, a in enumerate(self.arrivals):
+                if self.gate is not None and i == self.before_gate and not self.gate.wait(600):
+                    raise TimeoutError("the job committed no batch within 600 s")
                 for t in self.rng.sample(TPCDS_TABLES, len(TPCDS_TABLES)):
                     copy_cycle(self.stage, self.lake, t, a)
                     time.sleep(self.rng.uniform(0, self.pause))
@@ -117,13 +122,39 @@ class Lander(threading.Thread):
 @pytest.mark.parametrize("seed", [4, 5])
 def test_live_job_racing_a_realtime_lander_then_restarted(spark, staged, expected, seed_query, tmp_path, seed):
     """The job runs with a 0.5-s processingTime trigger while a lander lands the cycles folder by folder;
-    it is stopped part-way (downtime while the lander goes on) and restarted on the backlog."""
+    it is stopped part-way (downtime while the lander goes on) and restarted on the backlog.
+
+    The race does not depend on how fast Spark starts (a loaded CI machine took over 8 s): the lander
+    lands two cycles, then waits for the job's first committed batch before landing the rest, and the
+    job is asked to stop (at a batch boundary, as `mjoin job stop` does) after its third batch."""
     stage, info, arrivals = staged
     lake = Lake(str(tmp_path / "lake"))
-    lander = Lander(stage, lake, arrivals, seed)
+    started, done = threading.Event(), threading.Event()
+    lander = Lander(stage, lake, arrivals, seed, gate=started)
     lander.start()
-    s1 = run_stream(spark, seed_query, lake, trigger="processingTime", interval=0.5, timeout=8,
-                    config=EngineConfig(buckets=4))
+
+    def stopper():
+        control = JobControl(lake, seed_query.name)
+        while not done.is_set():
+            try:
+                n = len(read_metrics(lake, seed_query.name))
+            except FileNotFoundError:  # no batch yet
+                n = 0
+            if n >= 1:
+                started.set()
+            if n >= 3 or (n >= 2 and not lander.is_alive()):
+                control.request_stop(by="test", reason="downtime while the lander goes on")
+                return
+            time.sleep(0.1)
+
+    watch = threading.Thread(target=stopper, daemon=True)
+    watch.start()
+    try:
+        s1 = run_stream(spark, seed_query, lake, trigger="processingTime", interval=0.5, timeout=600,
+                        config=EngineConfig(buckets=4))
+    finally:
+        done.set()
+        started.set()
     lander.join(300)
     assert lander.error is None and not lander.is_alive()
     assert len(s1.batches) >= 2
