@@ -43,6 +43,10 @@ def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, 
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": env.get("AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL", "10"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": env.get("AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL", "10"),
         "AIRFLOW__API__PORT": env.get("AIRFLOW__API__PORT", "8080"),
+        # a task reports to the api-server's execution API; Airflow's 5 attempts (~6 s) failed the first scheduled
+        # run of `make airflow` on a loaded machine, whose api-server was not listening yet: 10 attempts with
+        # Airflow's random exponential back-off wait a few minutes
+        "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": env.get("AIRFLOW__WORKERS__EXECUTION_API_RETRIES", "10"),
         "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
