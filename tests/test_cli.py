@@ -88,3 +88,14 @@ def test_query_command_on_a_bad_spec_exits_2_naming_the_field(tmp_path):
 def test_unknown_command_exits_2():
     res = mjoin("no-such-command")
     assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+def test_run_usage_errors_come_before_spark(tmp_path):
+    """An interval run without its interval, or with a spec that does not exist, exits 2 naming what is
+    missing, before a Spark session starts (no Spark banner in the output)."""
+    r = mjoin("run", "--query", "tpcds_returns_by_address", "--lake", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "interval evaluation needs --from, --to, --cycle" in r.stderr
+    r2 = mjoin("run", "--stream", "--query", str(tmp_path / "nope.yaml"), "--lake", str(tmp_path))
+    assert r2.returncode == 2 and "nope.yaml" in r2.stderr
+    for out in (r, r2):
+        assert "SparkContext" not in out.stderr and "log4j" not in out.stderr

@@ -128,6 +128,18 @@ def config_from(args):
                         psp_slices=_psp_slices(args))
 
 
+def check_interval_args(args) -> None:
+    """An interval run's required options, checked before anything starts (a UserError names them)."""
+    from ..cli import UserError
+
+    if args.stream:
+        return
+    missing = [f"--{n}" for n, v in (("from", args.start), ("to", args.end), ("cycle", args.cycle),
+                                     ("out", args.out)) if v in (None, "")]
+    if missing:
+        raise UserError(f"interval evaluation needs {', '.join(missing)} (or use --stream)")
+
+
 def execute(spark, args):
     """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
     from ..cli import UserError
@@ -143,10 +155,7 @@ def execute(spark, args):
             lake = Lake(args.lake, args.namespace)
             return run_stream(spark, query, lake, trigger=args.trigger, interval=args.interval, plan=args.plan,
                               config=config, engine=args.engine, timeout=args.timeout)
-        missing = [f"--{n}" for n, v in (("from", args.start), ("to", args.end), ("cycle", args.cycle),
-                                         ("out", args.out)) if v in (None, "")]
-        if missing:
-            raise UserError(f"interval evaluation needs {', '.join(missing)} (or use --stream)")
+        check_interval_args(args)
         return run_interval(spark, query, args.plan, Lake(args.lake), args.start, args.end, args.cycle, args.out,
                             engine=args.engine, config=config)
     except (EngineError, RegistryError) as exc:
@@ -161,6 +170,10 @@ def run(args) -> int:
     from ..resources import Resources
     from ..sparkutil import get_spark
 
+    from ..query import load_query
+
+    check_interval_args(args)  # usage errors before Spark's ~10 s start
+    load_query(args.query)
     spark = get_spark(f"mjoin-run-{'stream' if args.stream else 'interval'}", Resources.from_env())
     summary = execute(spark, args)
     print(json.dumps(summary.to_json(), indent=2, default=str) if args.json else summary.describe())
