@@ -3,6 +3,7 @@ visiting every slice. Results equal DuckDB's reference under every probe order, 
 mode, on the driver and the executors, for several slice counts; the state is not duplicated."""
 from __future__ import annotations
 
+import os
 import shutil
 from itertools import permutations
 
@@ -119,3 +120,31 @@ def test_psp_slices_auto_follows_eq5_or_the_state(psp_lake, tmp_path):
     os.makedirs(state_lake.streams(), exist_ok=True)
     args = p.parse_args(["--stream", "--query", str(spec), "--lake", state_lake.root])
     assert run_cmd.config_from(args).psp_slices == 7
+
+
+def test_psp_slices_auto_takes_t_j_from_the_calibrated_cost_model(psp_lake, tmp_path, monkeypatch):
+    """With a calibrated cost model in the lake (what `mjoin calibrate` and the loop write), Eq. 5 gets its T_j
+    (alpha_m, seconds per matched tuple) from there: a comparison that costs next to nothing needs one slice."""
+    import argparse
+    import json
+
+    import yaml
+
+    from mjoin.commands import run as run_cmd
+    from mjoin.cost import CostModel
+
+    lake, _ = psp_lake
+    own = Lake(str(tmp_path / "own"))
+    shutil.copytree(lake.streams(), own.streams())
+    spec = tmp_path / "psp3.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    args = ["--query", str(spec), "--lake", own.root]
+    default_n = run_cmd.config_from(p.parse_args(args)).psp_slices
+    path = os.path.join(own.plans("psp3"), "cost_model.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(CostModel(alpha_q=1e-7, alpha_m=1e-13, calibrated=True).to_json(), f)
+    assert run_cmd.config_from(p.parse_args(args)).psp_slices == 1 < default_n

@@ -115,7 +115,24 @@ def _psp_slices(args) -> int:
             lam[s.name] = rows / span
     import os
 
-    return slices_for(query, lam, cores=os.cpu_count() or 2)
+    return slices_for(query, lam, cores=os.cpu_count() or 2, **_measured_costs(lake, query))
+
+
+def _measured_costs(lake, query) -> dict:
+    """T_j measured on this lake: the calibrated cost model's alpha_m (seconds per matched state tuple, fitted
+    to the engine's own metrics by ``mjoin calibrate`` / the loop), when there is one; else Eq. 5's defaults."""
+    import json
+
+    from .. import fsutil
+    from ..calibrate import COST_MODEL_FILE
+    from ..cost import CostModel, CostModelError
+
+    path = fsutil.join(lake.plans(query.name), COST_MODEL_FILE)
+    try:
+        model = CostModel.from_json(json.loads(fsutil.read_text(path)))
+    except (FileNotFoundError, ValueError, CostModelError):
+        return {}
+    return {"t_j": model.alpha_m} if model.calibrated and model.alpha_m > 0 else {}
 
 
 def config_from(args):
