@@ -13,7 +13,8 @@ Per size, two densities of the same tables (the seed query's windows are 5 minut
 
 Per (size, density), rounds in shuffled order (medians and spread): the interval run of the engine
 (``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``), spark-native over the same interval
-(up to ``--native-max-sf``, and only while a run finishes within ``--native-timeout``), and DuckDB
+(up to ``--native-max-sf``, ``--native-rounds`` rounds (1: it is 10-50x slower), and only while a run
+finishes within ``--native-timeout``), and DuckDB
 (``COPY (<the tests' reference query>) TO parquet``: ``tests/engine_helpers.reference_sql``, the
 textbook window semantics ``max(ts) - ts_i < W_i``, 2 threads). Every result is checked: row count and
 an order-independent fingerprint over all output columns (``mjoin.engine.results``), equal for all.
@@ -45,6 +46,7 @@ sys.path.insert(0, str(PROJECT / "tests"))  # the DuckDB reference of the window
 QUERY = "tpcds_returns_by_address"
 DENSITIES = {"dense": 300, "sparse": 1800}  # replay length in seconds (windows: 5 minutes)
 CYCLE = 30
+WARM: list = []  # the session has run once (warm-up done)
 
 
 def versions() -> dict:
@@ -209,7 +211,8 @@ def median_spread(xs: list) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else None
 
 
-def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, native_timeout: float) -> dict:
+def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, native_timeout: float,
+             native_rounds: int = 1) -> dict:
     from mjoin.engine.metrics import git_commit, machine
 
     load_before = os.getloadavg()
@@ -221,7 +224,10 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
         files = sum(1 for _ in (landed / "streams").rglob("*.parquet"))
         kinds = ["mjoin", "duckdb"] + (["native"] if sf <= native_max_sf else [])
         runs = {k: [] for k in kinds}
-        run_mjoin(spark, landed, work / "out-warm", span)  # warm-up (JIT, workers), not measured
+        if not WARM:  # warm-up (JVM JIT, Python workers), once per process, not measured
+            run_mjoin(spark, landed, work / "out-warm", span)
+            shutil.rmtree(work / "out-warm", ignore_errors=True)
+            WARM.append(True)
         for r in range(rounds):
             order = list(kinds)
             random.Random(r).shuffle(order)
@@ -231,8 +237,8 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
                 elif k == "duckdb":
                     res = run_duckdb(landed, work / "out-duckdb", span, work / "spill")
                 else:
-                    if runs["native"] and not runs["native"][-1].get("finished"):
-                        continue  # it did not finish once: not again
+                    if len(runs["native"]) >= native_rounds or (runs["native"] and not runs["native"][-1].get("finished")):
+                        continue  # enough rounds, or it did not finish once: not again
                     res = run_native(spark, landed, work / "out-native", span, native_timeout)
                 res["round"], res["load"] = r, os.getloadavg()[0]
                 runs[k].append(res)
@@ -270,6 +276,7 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
     out["parameters"] = {"query": QUERY, "rounds": rounds, "cycle_seconds": CYCLE, "buckets": 16,
                          "local": "local[2]", "shuffle_partitions": 4, "densities": DENSITIES,
                          "native_max_sf": native_max_sf, "native_timeout_seconds": native_timeout,
+                         "native_rounds": native_rounds,
                          "duckdb": {"threads": 2, "memory_limit": "8GB"}}
     return out
 
@@ -311,6 +318,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--native-max-sf", type=float, default=1.0)
     ap.add_argument("--native-timeout", type=float, default=600.0)
+    ap.add_argument("--native-rounds", type=int, default=1, help="spark-native is 10-50x slower: 1 round by default")
     ap.add_argument("--work", default=None, help="scratch folder (default: a new one under /tmp)")
     ap.add_argument("--plot", action="store_true", help="only redraw the plot")
     args = ap.parse_args(argv)
@@ -328,7 +336,7 @@ def main(argv=None) -> int:
                       conf={"spark.driver.memory": "6g"})
     ok = True
     for sf in args.sf:
-        doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout)
+        doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout, args.native_rounds)
         path = results / f"scale-sf{sf:g}.json"
         path.write_text(json.dumps(doc, indent=1, default=str))
         ok &= all(d["identical_results"] for d in doc["densities"].values())
