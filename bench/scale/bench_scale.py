@@ -212,13 +212,13 @@ def median_spread(xs: list) -> dict:
 
 
 def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, native_timeout: float,
-             native_rounds: int = 1) -> dict:
+             native_rounds: int = 1, densities=tuple(DENSITIES)) -> dict:
     from mjoin.engine.metrics import git_commit, machine
 
     load_before = os.getloadavg()
     out = {"benchmark": "scale", "sf": sf, "machine": machine(), "load_before": load_before,
            "git_commit": git_commit(PROJECT), "versions": versions(), "densities": {}}
-    for density in DENSITIES:
+    for density in densities:
         landed, man = workload(sf, density, work)
         span = (man.start_epoch, man.end_epoch + 60)
         files = sum(1 for _ in (landed / "streams").rglob("*.parquet"))
@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--native-max-sf", type=float, default=1.0)
     ap.add_argument("--native-timeout", type=float, default=600.0)
     ap.add_argument("--native-rounds", type=int, default=1, help="spark-native is 10-50x slower: 1 round by default")
+    ap.add_argument("--densities", nargs="*", default=list(DENSITIES), choices=list(DENSITIES))
     ap.add_argument("--work", default=None, help="scratch folder (default: a new one under /tmp)")
     ap.add_argument("--plot", action="store_true", help="only redraw the plot")
     args = ap.parse_args(argv)
@@ -336,7 +337,8 @@ def main(argv=None) -> int:
                       conf={"spark.driver.memory": "6g"})
     ok = True
     for sf in args.sf:
-        doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout, args.native_rounds)
+        doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout, args.native_rounds,
+                       args.densities)
         path = results / f"scale-sf{sf:g}.json"
         path.write_text(json.dumps(doc, indent=1, default=str))
         ok &= all(d["identical_results"] for d in doc["densities"].values())
