@@ -92,7 +92,10 @@ def checkpoint_manager(spark, lake) -> str | None:
     Spark's choice (a URL lake, or a Spark without the class)."""
     if fsutil.is_url(lake.root):
         return None
-    loader = spark._jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        loader = spark._jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    except Exception:  # no JVM gateway here (a Spark Connect session): Spark's choice
+        return None
     for name in FS_CHECKPOINT_MANAGERS:
         try:
             loader.loadClass(name)
