@@ -13,12 +13,16 @@ Spark's own chained stream-stream joins (``spark-native``), in one warm Spark se
    squares fit ``seconds = a + b x rows`` of each batch's own time (driver work + the batch), plus the
    median gap Spark's streaming machinery adds between batches: the fixed overhead per micro-batch
    (``a`` + gap) and the marginal throughput (``1 / b`` rows/s).
+   Spark's own account of each micro-batch (``StreamingQueryProgress.durationMs``: ``walCommit`` the offset
+   log, ``addBatch`` our batch, ``commitOffsets`` the commit log) is recorded per batch, and **Spark's floor**
+   is measured alone: the same source capped at 8 files, a ``foreachBatch`` that does nothing, with Spark's
+   default checkpoint file manager and with the ``FileSystem`` one the engine uses on a local lake.
 3. **Sustained throughput** at a processingTime trigger of T = 10 s and 1 s, derived: a batch of
-   ``rate x T`` rows must finish within T, so ``rate_max = (T - overhead) / (b x T)``; confirmed by a
-   live run: the lander feeds the lake in real time at about 60% of the derived rate for T = 1 s, the job
-   runs with a 1-s trigger; per batch, its time and the lag from the landing of its newest file to the
-   batch's end (a job that keeps up has a bounded lag). The replay holds rows for a limited time, so the
-   live rate is capped at what keeps the lake fed for the whole run (said in the results).
+   ``rate x T`` rows must finish within T, so ``rate_max = (T - overhead) / (b x T)``; checked live, for
+   the engine and for spark-native at both triggers: the lander feeds the lake in real time at about 60%
+   of the derived rate for T = 1 s; per batch, its time and (engine) the lag from the landing of its
+   newest file to the batch's end (a job that keeps up has a bounded lag). The replay holds rows for a
+   limited time, so the live rate is capped at what keeps the lake fed for the whole run (in the results).
 
 Writes ``bench/streaming/results/streaming[-quick].json`` (machine, load before/after, versions, git
 commit, parameters, everything measured) and ``.png``.
@@ -76,12 +80,125 @@ def batch_times(records: list) -> list[dict]:
             t0 = datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp()
             t1 = datetime.fromisoformat(nxt["started_at"].replace("Z", "+00:00")).timestamp()
             gap = max(t1 - t0 - r["wall_seconds"], 0.0)
+        st = r.get("stage_seconds", {})
         out.append({"batch_id": r["batch_id"], "rows": sum(r["rows_in"].values()), "seconds": own, "gap": gap,
-                    "where": r["execution"].get("where")})
+                    "where": r["execution"].get("where"),
+                    # where a batch's own time goes: the driver's preparation (file log, contract checks,
+                    # reading and normalising on the driver), the stages (operator, writes), the commit
+                    "phases": {"prepare": r.get("prepare_seconds", 0.0),
+                               "stages": sum(v for k, v in st.items() if k.startswith("stage")),
+                               "commit": st.get("commit", 0.0),
+                               "operator_tasks": r.get("task_seconds", 0.0),
+                               "state_write": r.get("state_write_seconds", 0.0)}})
     return out
 
 
-def catch_up(spark, kind: str, landed: Path, work: Path, seed: int, span) -> dict:
+class Progress:
+    """Spark's own account of every micro-batch (``StreamingQueryProgress``): ``durationMs`` per phase
+    (``latestOffset``, ``walCommit``: the offset log; ``addBatch``: the batch, our ``foreachBatch``;
+    ``commitOffsets``: the commit log and the source's commit; ``triggerExecution``: all of it) and the
+    input rows, per query name."""
+
+    def __init__(self, spark):
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        self.by_query: dict = {}
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event):
+                pass
+
+            def onQueryProgress(self, event):
+                p = json.loads(event.progress.json)
+                outer.by_query.setdefault(p["name"] or p["id"], []).append(
+                    {"batch_id": p["batchId"], "timestamp": p["timestamp"], "rows": p["numInputRows"],
+                     **{f"{k}_ms": v for k, v in p["durationMs"].items()}})
+
+            def onQueryIdle(self, event):
+                pass
+
+            def onQueryTerminated(self, event):
+                pass
+
+        self.listener = Listener()
+        spark.streams.addListener(self.listener)
+
+    def take(self, wait: float = 1.0) -> list:
+        """The batches of the queries since the last call (the listener bus is asynchronous)."""
+        time.sleep(wait)
+        out = [b for v in self.by_query.values() for b in v]
+        self.by_query.clear()
+        return sorted(out, key=lambda b: (b["timestamp"], b["batch_id"]))
+
+
+def retried(fn, *args, **kwargs):
+    """``fn(...)``, once more if Spark could not start its Python source runner in time (it waits 10 s for
+    the worker to connect back: under a load of 15+ on this shared machine that failed now and then)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # pyspark's StreamingQueryException
+        if "failed to connect back" not in str(exc):
+            raise
+        print(f"retrying {getattr(fn, '__name__', fn)}: {str(exc)[:120]}", flush=True)
+        return fn(*args, **kwargs)
+
+
+def medians(batches: list) -> dict:
+    keys = sorted({k for b in batches for k in b if k.endswith("_ms")})
+    return {k: statistics.median(b[k] for b in batches if k in b) for k in keys}
+
+
+def spark_floor(spark, progress: Progress, landed: Path, work: Path, rounds: int) -> dict:
+    """Spark's own cost per micro-batch, with nothing to do in it: the engine's file source capped at 8 files
+    per batch over the backlog, a ``foreachBatch`` that returns at once; Spark's default checkpoint file
+    manager (Hadoop ``FileContext``) beside the ``FileSystem`` one the engine sets on a local lake
+    (``mjoin.engine.stream.checkpoint_manager``), rounds alternating."""
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.source import source_frame
+    from mjoin.engine.stream import CHECKPOINT_MANAGER_KEY, checkpoint_manager
+    from mjoin.lake import Lake
+    from mjoin.query import load_query
+
+    query = load_query(QUERY)
+    out: dict = {"default": [], "filesystem": []}
+    for r in range(rounds):
+        for name in out:
+            root = work / f"floor-{name}"
+            shuffled_copy(landed, root, 1000 + r)
+            lake = Lake(str(root))
+            spark.conf.unset(CHECKPOINT_MANAGER_KEY)
+            if name == "filesystem":
+                spark.conf.set(CHECKPOINT_MANAGER_KEY, checkpoint_manager(spark, lake))
+            starts: list = []
+
+            def run():
+                shutil.rmtree(lake.checkpoints(query.name), ignore_errors=True)
+                starts.clear()
+                t0 = time.perf_counter()
+                sq = (source_frame(spark, lake, query, lake.checkpoints(query.name),
+                                   EngineConfig(max_files_per_trigger=8))
+                      .writeStream.foreachBatch(lambda df, bid: starts.append(time.perf_counter()))
+                      .option("checkpointLocation", lake.checkpoints(query.name)).queryName(f"floor_{name}_{r}")
+                      .trigger(availableNow=True).start())
+                sq.awaitTermination()
+                return time.perf_counter() - t0
+
+            wall = retried(run)
+            spark.conf.unset(CHECKPOINT_MANAGER_KEY)
+            batches = progress.take()
+            out[name].append({"wall_seconds": wall, "batches": len(starts),
+                              "gap_median": statistics.median(b - a for a, b in zip(starts, starts[1:])),
+                              "duration_ms_median": medians(batches)})
+            shutil.rmtree(root, ignore_errors=True)
+    return {k: {"wall_median": statistics.median(x["wall_seconds"] for x in v),
+                "per_batch_seconds_median": statistics.median(x["gap_median"] for x in v),
+                "duration_ms_median": {p: statistics.median(x["duration_ms_median"][p] for x in v)
+                                       for p in v[0]["duration_ms_median"]}, "rounds": v}
+            for k, v in out.items()}
+
+
+def catch_up(spark, kind: str, landed: Path, work: Path, seed: int, span, progress=None) -> dict:
     from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
 
     root = work / f"{kind}-{seed}"
@@ -100,24 +217,30 @@ def catch_up(spark, kind: str, landed: Path, work: Path, seed: int, span) -> dic
         wall = time.perf_counter() - t0
         fp = result_fingerprint(str(root), QUERY)
         shutil.rmtree(root, ignore_errors=True)
-        return {"kind": kind, "wall_seconds": wall, "batches": len(s.batches), "fingerprint": fp}
+        spark_batches = progress.take() if progress else []
+        return {"kind": kind, "wall_seconds": wall, "batches": len(s.batches), "fingerprint": fp,
+                "spark_progress": spark_batches, "spark_ms_median": medians(spark_batches) if spark_batches else None}
     cap = None if kind == "stream" else int(kind.split("-")[1])
     s = run_stream(spark, QUERY, str(root), config=EngineConfig(buckets=16, max_files_per_trigger=cap))
     wall = time.perf_counter() - t0
     recs = read_metrics(str(root), QUERY)
     fp = result_fingerprint(str(root), QUERY)
     shutil.rmtree(root, ignore_errors=True)
+    spark_batches = progress.take() if progress else []
     return {"kind": kind, "wall_seconds": wall, "batches": len(s.batches), "fingerprint": fp,
-            "late": sum(v.get("late", 0) for v in s.quarantined.values()), "batch_times": batch_times(recs)}
+            "late": sum(v.get("late", 0) for v in s.quarantined.values()), "batch_times": batch_times(recs),
+            "spark_progress": spark_batches, "spark_ms_median": medians(spark_batches) if spark_batches else None}
 
 
-def live(spark, workload: Path, work: Path, speed: float, trigger: float, seconds: float) -> dict:
+def live(spark, workload: Path, work: Path, speed: float, trigger: float, seconds: float, engine: str = "mjoin",
+         progress=None) -> dict:
     """The lander feeds a fresh lake in real time (``speed`` x the replay's clock) while the job runs with a
-    processingTime trigger; per batch, its time and the lag from its newest file's landing to its end."""
+    processingTime trigger; per batch, its time and the lag from its newest file's landing to its end
+    (spark-native: Spark's own batch times; its batches do not say which files they held)."""
     from mjoin.engine import EngineConfig, read_metrics, run_stream
     from mjoin.workloads import land
 
-    lake = work / "live"
+    lake = work / f"live-{engine}-{trigger:g}"
     shutil.rmtree(lake, ignore_errors=True)
     landed_at: dict = {}
 
@@ -127,9 +250,25 @@ def live(spark, workload: Path, work: Path, speed: float, trigger: float, second
     lander = threading.Thread(target=lambda: land(str(workload), str(lake), None, speed=speed, on_cycle=on_cycle),
                               daemon=True)
     lander.start()
+    t0 = time.perf_counter()
+    if engine == "spark-native":
+        s = run_stream(spark, QUERY, str(lake), engine="spark-native", trigger="processingTime", interval=trigger,
+                       timeout=seconds)
+        ran = time.perf_counter() - t0
+        lander.join(1)
+        sb = [b for b in (progress.take() if progress else []) if b["rows"]]
+        rows = sum(b["rows"] for b in sb)
+        shutil.rmtree(lake, ignore_errors=True)
+        return {"engine": engine, "trigger_seconds": trigger, "speed": speed, "run_seconds": ran,
+                "batches": sb, "rows": rows, "rows_per_second": rows / ran, "result_rows": s.result_rows,
+                "within_trigger": sum(1 for b in sb if b["triggerExecution_ms"] <= trigger * 1000) / max(len(sb), 1),
+                "batch_seconds_median": statistics.median([b["triggerExecution_ms"] / 1000 for b in sb] or [0.0])}
     run_stream(spark, QUERY, str(lake), trigger="processingTime", interval=trigger, timeout=seconds,
                config=EngineConfig(buckets=16))
+    ran = time.perf_counter() - t0
     lander.join(1)
+    if progress:
+        progress.take()
     recs = read_metrics(str(lake), QUERY)
     out = []
     for r in recs:
@@ -140,8 +279,10 @@ def live(spark, workload: Path, work: Path, speed: float, trigger: float, second
                     "lag": end - landed_at[newest] if newest in landed_at else None})
     rows = sum(b["rows"] for b in out)
     active = [b for b in out if b["rows"]]
-    return {"trigger_seconds": trigger, "speed": speed, "run_seconds": seconds, "batches": out,
-            "rows": rows, "rows_per_second": rows / seconds,
+    shutil.rmtree(lake, ignore_errors=True)
+    return {"engine": engine, "trigger_seconds": trigger, "speed": speed, "run_seconds": ran, "batches": out,
+            "rows": rows, "rows_per_second": rows / ran,
+            "batch_seconds_median": statistics.median([b["seconds"] for b in active] or [0.0]),
             "within_trigger": sum(1 for b in active if b["seconds"] <= trigger) / max(len(active), 1),
             "lag_median": statistics.median([b["lag"] for b in active if b["lag"] is not None] or [0.0]),
             "lag_max": max([b["lag"] for b in active if b["lag"] is not None] or [0.0])}
@@ -171,14 +312,18 @@ def main(argv=None) -> int:
     land(str(workload), str(landed), None)
     span = (man.start_epoch - 3600, man.end_epoch + 60)
     spark = get_spark("bench-streaming", Resources(spark_master="local[2]", shuffle_partitions=4))
-    catch_up(spark, "stream-8", landed, work, 99, span)  # warm-up, not measured
+    progress = Progress(spark)
+    retried(catch_up, spark, "stream-8", landed, work, 99, span, progress)  # warm-up, not measured
+    floor = spark_floor(spark, progress, landed, work, rounds)
+    print("spark floor:", {k: (round(v["per_batch_seconds_median"], 3), v["duration_ms_median"]) for k, v in floor.items()},
+          flush=True)
     kinds = ["interval", "stream", "stream-8", "native"]
     runs = {k: [] for k in kinds}
     for r in range(rounds):
         order = list(kinds)
         random.Random(r).shuffle(order)
         for k in order:
-            runs[k].append(catch_up(spark, k, landed, work, r, span))
+            runs[k].append(retried(catch_up, spark, k, landed, work, r, span, progress))
             print(f"round {r} {k}: {runs[k][-1]['wall_seconds']:.1f}s, {runs[k][-1]['batches']} batches", flush=True)
     ref = runs["interval"][0]["fingerprint"]
     identical = all(x["fingerprint"] == ref for v in runs.values() for x in v)
@@ -190,7 +335,8 @@ def main(argv=None) -> int:
     # per-micro-batch cost: capped catch-ups
     fit_batches = []
     for cap in (2, 8, 32):
-        res = runs["stream-8"][0] if cap == 8 else catch_up(spark, f"stream-{cap}", landed, work, 50 + cap, span)
+        res = runs["stream-8"][0] if cap == 8 else retried(catch_up, spark, f"stream-{cap}", landed, work, 50 + cap,
+                                                            span, progress)
         fit_batches += [dict(b, cap=cap) for b in res["batch_times"]]
     xs = np.array([b["rows"] for b in fit_batches], float)
     ys = np.array([b["seconds"] for b in fit_batches], float)
@@ -204,9 +350,18 @@ def main(argv=None) -> int:
     duration = man.end_epoch - man.start_epoch
     target = 0.6 * (derived["1.0"] or rate)
     speed = max(min(target / rate, duration / run_seconds), 0.5)
-    live_run = live(spark, workload, work, speed=speed, trigger=1.0, seconds=run_seconds)
-    live_run["target_rows_per_second"] = target
-    live_run["fed_rows_per_second"] = rate * speed
+    lives = {}
+    for trig in (10.0, 1.0):
+        for engine in ("mjoin", "spark-native"):
+            got = live(spark, workload, work, speed=speed, trigger=trig, seconds=run_seconds, engine=engine,
+                       progress=progress)
+            got["target_rows_per_second"] = target
+            got["fed_rows_per_second"] = rate * speed
+            lives[f"{engine}@{trig:g}s"] = got
+            print(f"live {engine} trigger {trig:g}s: {got['rows_per_second']:.0f} rows/s, batch median "
+                  f"{got['batch_seconds_median']:.2f}s, within trigger {got['within_trigger']:.0%}", flush=True)
+    live_run = lives["mjoin@1s"]
+    stream8 = [b for x in runs["stream-8"] for b in x.get("spark_progress", [])]
     doc = {"benchmark": "streaming", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
            "git_commit": git_commit(PROJECT), "versions": versions(),
            "parameters": {"sf": sf, "rate": rate, "rounds": rounds, "query": QUERY, "buckets": 16,
@@ -215,13 +370,23 @@ def main(argv=None) -> int:
            "per_batch": {"fit_seconds": {"a": a_fixed, "b_per_row": b_slope}, "gap_median": gap,
                          "fixed_overhead_seconds": overhead, "rows_per_second_marginal": 1 / b_slope if b_slope > 0
                          else None, "batches": fit_batches},
-           "sustained_rows_per_second": derived, "live": live_run}
+           "sustained_rows_per_second": derived, "live": live_run, "live_runs": lives,
+           "spark_floor": floor, "spark_ms_median_stream8": medians(stream8) if stream8 else None,
+           "stream8_phases_median": {p: statistics.median(b["phases"][p] for x in runs["stream-8"]
+                                                          for b in x["batch_times"])
+                                     for p in runs["stream-8"][0]["batch_times"][0]["phases"]},
+           "spark_ms_median_native": medians([b for x in runs["native"] for b in x.get("spark_progress", [])] or
+                                             [{}])}
     out = HERE / "results" / ("streaming-quick.json" if args.quick else "streaming.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
     plot(doc, out.with_suffix(".png"))
     print(json.dumps({"catch_up": summary, "fixed_overhead_seconds": overhead, "sustained": derived,
-                      "live": {k: v for k, v in live_run.items() if k != "batches"}}, indent=1, default=str))
+                      "spark_ms_median_stream8": doc["spark_ms_median_stream8"],
+                      "stream8_phases_median": doc["stream8_phases_median"],
+                      "spark_floor": {k: {kk: vv for kk, vv in v.items() if kk != "rounds"} for k, v in floor.items()},
+                      "live": {n: {k: v for k, v in x.items() if k != "batches"} for n, x in lives.items()}},
+                     indent=1, default=str))
     print(f"identical results: {identical}; wrote {out}")
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)

@@ -77,11 +77,40 @@ def read_results(path_or_lake_query, query=None, *, with_batch: bool = False, ba
 def result_fingerprint(path_or_lake_query, query=None) -> dict:
     """An order-independent fingerprint of committed result rows over all output columns: the row count
     and the sum (mod 2^64) of per-row hashes (pandas' ``hash_pandas_object``): equal multisets of rows
-    give equal fingerprints, whatever the batches and the order."""
+    give equal fingerprints, whatever the batches, the files and the order. Read file by file (memory:
+    one results file at a time)."""
+    root = _results_dir(path_or_lake_query, query)
+
+    def tables():
+        for b in committed_batches(root):
+            d = fsutil.join(root, f"batch={b}")
+            for name in fsutil.listdir(d):
+                if name.endswith(".parquet"):
+                    fs, p = fsutil.resolve(fsutil.join(d, name))
+                    yield pq.read_table(p, filesystem=fs)
+
+    return fingerprint_tables(tables())
+
+
+def fingerprint_tables(tables) -> dict:
+    """:func:`result_fingerprint` of result rows given as tables (e.g. a reference query's, cast to the
+    engine's result schema first). Each row is hashed on its own, so any split of the rows into tables
+    gives the same sum; integer columns are hashed as float64 (NULL as NaN) whether or not a table has
+    a NULL in them (pandas would type them by what each table holds)."""
     import numpy as np
     import pandas as pd
+    import pyarrow.compute as pc
 
-    df = read_results_arrow(path_or_lake_query, query).to_pandas()
-    df = df[sorted(df.columns)]
-    h = pd.util.hash_pandas_object(df, index=False).to_numpy(dtype=np.uint64)
-    return {"rows": int(len(df)), "hash_sum": f"{int(h.sum(dtype=np.uint64)):016x}"}
+    rows, total = 0, 0
+    for t in tables:
+        if not t.num_rows:
+            continue
+        cols = {}
+        for name in sorted(t.column_names):
+            c = t.column(name)
+            cols[name] = pc.cast(c, pa.float64()) if pa.types.is_integer(c.type) else c
+        df = pa.table(cols).to_pandas()
+        h = pd.util.hash_pandas_object(df, index=False).to_numpy(dtype=np.uint64)
+        total = (total + int(h.sum(dtype=np.uint64))) % (1 << 64)
+        rows += len(df)
+    return {"rows": rows, "hash_sum": f"{total:016x}"}

@@ -1,0 +1,354 @@
+"""Benchmark: the engine's cost curve from TPC-DS sf 0.1 to sf 30 (issue 15), beside Spark's own chained
+joins (``--engine spark-native``) and a one-shot DuckDB query of the same semantics, in one run per size.
+
+    python bench/scale/bench_scale.py --sf 1            # one size: both densities, 3 rounds
+    python bench/scale/bench_scale.py --sf 0.1 1 10     # several sizes (one JSON each)
+    python bench/scale/bench_scale.py --plot            # only redraw the plot from the JSONs present
+    flock /tmp/mjoin-bench.lock nice -n 5 .venv/bin/python bench/scale/bench_scale.py --sf 10   # big sizes
+
+Per size, two densities of the same tables (the seed query's windows are 5 minutes):
+
+- **dense**: the replay lasts 300 s, so a window holds (nearly) all of the data;
+- **sparse**: the replay lasts 1800 s, so a window holds about a sixth of it.
+
+Per (size, density), rounds in shuffled order (medians and spread): the interval run of the engine
+(``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``), spark-native over the same interval
+(up to ``--native-max-sf``, ``--native-rounds`` rounds (1: it is 10-50x slower), and only while a run
+finishes within ``--native-timeout``), and DuckDB
+(``COPY (<the tests' reference query>) TO parquet``: ``tests/engine_helpers.reference_sql``, the
+textbook window semantics ``max(ts) - ts_i < W_i``, 2 threads). Every result is checked: row count and
+an order-independent fingerprint over all output columns (``mjoin.engine.results``), equal for all.
+
+Recorded per run: wall time, the engine's phases (contract checks on the driver, the input stage, the
+operator stage, the commit; from ``execution.spark_stages``), rows/s and seconds per million input
+tuples, peak RSS of the driver's Python process (DuckDB runs in it), of the JVM (driver = executor in
+local mode) and of the Python workers together (the operator runs there), the state's size on disk, the
+result rows. Writes ``bench/scale/results/scale-sf<sf>.json`` (machine, load before/after, versions, git
+commit, parameters) and redraws ``bench/scale/results/scale.png`` from every JSON there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parent.parent
+sys.path.insert(0, str(PROJECT / "include"))
+sys.path.insert(0, str(PROJECT / "tests"))  # the DuckDB reference of the window semantics (engine_helpers)
+QUERY = "tpcds_returns_by_address"
+DENSITIES = {"dense": 300, "sparse": 1800}  # replay length in seconds (windows: 5 minutes)
+CYCLE = 30
+WARM: list = []  # the session has run once (warm-up done)
+
+
+def versions() -> dict:
+    import duckdb
+    import numpy
+    import pyarrow
+    import pyspark
+
+    return {"pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__, "duckdb": duckdb.__version__,
+            "numpy": numpy.__version__, "python": sys.version.split()[0]}
+
+
+class PeakRSS:
+    """Peak resident memory while a run lasts, sampled every ``every`` seconds: this Python process (the
+    driver; DuckDB runs in it), the JVMs it started (local mode: driver and executor in one) and their
+    Python workers together (where the operator runs)."""
+
+    def __init__(self, every: float = 0.2):
+        self.every = every
+        self.peak = {"driver_python": 0, "jvm": 0, "python_workers": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        now = {"driver_python": me.memory_info().rss, "jvm": 0, "python_workers": 0}
+        for child in me.children(recursive=True):
+            try:
+                name = child.name()
+                rss = child.memory_info().rss
+            except psutil.Error:
+                continue
+            if name.startswith("java"):
+                now["jvm"] += rss
+            elif name.startswith("python"):
+                now["python_workers"] += rss
+        for k, v in now.items():
+            self.peak[k] = max(self.peak[k], v)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return False
+
+    def mb(self) -> dict:
+        return {k: round(v / 2**20, 1) for k, v in self.peak.items()}
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def workload(sf: float, density: str, work: Path) -> tuple[Path, object]:
+    """The replay of ``sf`` lasting the density's length, landed (whole) into ``work``."""
+    from mjoin.workloads import generate_tpcds, land, load_manifest
+
+    wl, landed = work / f"wl-{sf:g}-{density}", work / f"landed-{sf:g}-{density}"
+    if not (landed / "streams").exists():
+        generate_tpcds(str(wl), sf=sf, duration=DENSITIES[density], cycle="10s", overwrite=True)
+        land(str(wl), str(landed), None)
+        shutil.rmtree(wl / "streams", ignore_errors=True)  # the landed copy is what the runs read
+    return landed, load_manifest(str(wl))
+
+
+def run_mjoin(spark, landed: Path, out: Path, span) -> dict:
+    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
+
+    shutil.rmtree(out, ignore_errors=True)
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out),
+                         config=EngineConfig(buckets=16))
+        wall = time.perf_counter() - t0
+    stages = s.extra["phases"]["spark_stages"]
+    phases = {"contract_checks_driver": s.extra["phases"]["contract_checks_driver"],
+              "input_stage": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "input"),
+              "operator_stages": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "operator")}
+    phases["rest"] = wall - sum(phases.values())  # planning, job start, commit, metrics
+    rows_in = sum(s.rows_in.values()) + sum(sum(v.values()) for v in s.quarantined.values())
+    doc = {"engine": "mjoin", "wall_seconds": wall, "phases": phases,
+           "input_share": (phases["contract_checks_driver"] + phases["input_stage"]) / wall,
+           "spark_stages": stages, "rows_in": rows_in, "result_rows": s.result_rows,
+           "peak_rss_mb": mem.mb(), "state_bytes": du(out / "state"), "results_bytes": du(out / "results"),
+           "batches": s.batches}
+    doc["tasks"] = {f"{kind}_{k}": sum(x[k] for x in stages if x["kind"] == kind)
+                    for kind in ("input", "operator") for k in ("task_seconds", "task_cpu_seconds")}
+    doc["fingerprint"] = result_fingerprint(str(out), QUERY)
+    return doc
+
+
+def run_native(spark, landed: Path, out: Path, span, timeout: float) -> dict:
+    """spark-native over the interval; cancelled (``finished: False``) when it runs past ``timeout``."""
+    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
+
+    shutil.rmtree(out, ignore_errors=True)
+    sc = spark.sparkContext
+    timer = threading.Timer(timeout, sc.cancelAllJobs)
+    timer.start()
+    try:
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out), engine="spark-native",
+                             config=EngineConfig(buckets=16))
+            wall = time.perf_counter() - t0
+    except Exception as exc:  # cancelled at the timeout (or failed): recorded, not fatal
+        return {"engine": "spark-native", "finished": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                "timeout_seconds": timeout}
+    finally:
+        timer.cancel()
+    return {"engine": "spark-native", "finished": True, "wall_seconds": wall, "result_rows": s.result_rows,
+            "peak_rss_mb": mem.mb(), "fingerprint": result_fingerprint(str(out), QUERY)}
+
+
+def run_duckdb(landed: Path, out: Path, span, spill: Path) -> dict:
+    """The tests' reference query (engine_helpers.reference_sql) over the landed files, results written as
+    Parquet, in one DuckDB query (2 threads: the machine's cores)."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from engine_helpers import reference_sql
+    from mjoin.engine.compiled import EngineQuery
+    from mjoin.engine.frame import arrow_result_schema
+    from mjoin.engine.results import fingerprint_tables
+    from mjoin.lake import Lake
+    from mjoin.query import load_query
+
+    query = load_query(QUERY)
+    sql = reference_sql(query, Lake(str(landed)), span[0] * 1_000_000, span[1] * 1_000_000)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    target = out / "results.parquet"
+    con = duckdb.connect(config={"threads": 2, "memory_limit": "8GB", "temp_directory": str(spill),
+                                 "autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
+        wall = time.perf_counter() - t0
+    con.close()
+    schema = arrow_result_schema(EngineQuery.from_query(query))
+    pf = pq.ParquetFile(target)
+    fp = fingerprint_tables(b.cast(schema) for b in
+                            (__import__("pyarrow").Table.from_batches([rb]) for rb in pf.iter_batches(1 << 20)))
+    target.unlink()
+    return {"engine": "duckdb", "wall_seconds": wall, "result_rows": fp["rows"], "peak_rss_mb": mem.mb(),
+            "fingerprint": fp}
+
+
+def median_spread(xs: list) -> dict:
+    xs = [x for x in xs if x is not None]
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else None
+
+
+def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, native_timeout: float,
+             native_rounds: int = 1, densities=tuple(DENSITIES)) -> dict:
+    from mjoin.engine.metrics import git_commit, machine
+
+    load_before = os.getloadavg()
+    out = {"benchmark": "scale", "sf": sf, "machine": machine(), "load_before": load_before,
+           "git_commit": git_commit(PROJECT), "versions": versions(), "densities": {}}
+    for density in densities:
+        landed, man = workload(sf, density, work)
+        span = (man.start_epoch, man.end_epoch + 60)
+        files = sum(1 for _ in (landed / "streams").rglob("*.parquet"))
+        kinds = ["mjoin", "duckdb"] + (["native"] if sf <= native_max_sf else [])
+        runs = {k: [] for k in kinds}
+        if not WARM:  # warm-up (JVM JIT, Python workers), once per process, not measured
+            run_mjoin(spark, landed, work / "out-warm", span)
+            shutil.rmtree(work / "out-warm", ignore_errors=True)
+            WARM.append(True)
+        for r in range(rounds):
+            order = list(kinds)
+            random.Random(r).shuffle(order)
+            for k in order:
+                if k == "mjoin":
+                    res = run_mjoin(spark, landed, work / "out-mjoin", span)
+                elif k == "duckdb":
+                    res = run_duckdb(landed, work / "out-duckdb", span, work / "spill")
+                else:
+                    if len(runs["native"]) >= native_rounds or (runs["native"] and not runs["native"][-1].get("finished")):
+                        continue  # enough rounds, or it did not finish once: not again
+                    res = run_native(spark, landed, work / "out-native", span, native_timeout)
+                res["round"], res["load"] = r, os.getloadavg()[0]
+                runs[k].append(res)
+                print(f"sf {sf:g} {density} round {r} {k}: {res.get('wall_seconds', float('nan')):.2f}s "
+                      f"{res.get('result_rows')} rows (load {res['load']:.1f})", flush=True)
+        ref = runs["mjoin"][0]["fingerprint"]
+        done = [x for v in runs.values() for x in v if x.get("finished", True)]
+        identical = all(x["fingerprint"] == ref for x in done)
+        m = runs["mjoin"]
+        rows_in = m[0]["rows_in"]
+        summary = {k: median_spread([x.get("wall_seconds") for x in v if x.get("finished", True)]) for k, v in runs.items()}
+        per_m = {k: (v["median"] / rows_in * 1e6 if v else None) for k, v in summary.items()}
+        phases = {p: statistics.median(x["phases"][p] for x in m) for p in m[0]["phases"]}
+        doc = {"replay_seconds": DENSITIES[density], "span": span, "files": files, "rows_in": rows_in,
+               "result_rows": m[0]["result_rows"], "identical_results": identical, "fingerprint": ref,
+               "wall": summary, "seconds_per_million_tuples": per_m,
+               "rows_per_second": {k: (rows_in / v["median"] if v else None) for k, v in summary.items()},
+               "mjoin_phases_median": phases,
+               "mjoin_input_share_median": statistics.median(x["input_share"] for x in m),
+               "peak_rss_mb_max": {k: {c: max(x["peak_rss_mb"][c] for x in v if "peak_rss_mb" in x) for c in
+                                       ("driver_python", "jvm", "python_workers")} for k, v in runs.items()
+                                   if any("peak_rss_mb" in x for x in v)},
+               "state_bytes": m[0]["state_bytes"],
+               "vs": {"duckdb_over_mjoin": summary["duckdb"]["median"] / summary["mjoin"]["median"],
+                      "native_over_mjoin": (summary["native"]["median"] / summary["mjoin"]["median"]
+                                            if summary.get("native") else None)},
+               "runs": runs}
+        out["densities"][density] = doc
+        print(json.dumps({k: doc[k] for k in ("rows_in", "result_rows", "identical_results", "wall",
+                                              "seconds_per_million_tuples", "mjoin_phases_median",
+                                              "mjoin_input_share_median", "peak_rss_mb_max", "vs")},
+                         indent=1, default=str), flush=True)
+        shutil.rmtree(landed, ignore_errors=True)
+    out["load_after"] = os.getloadavg()
+    out["parameters"] = {"query": QUERY, "rounds": rounds, "cycle_seconds": CYCLE, "buckets": 16,
+                         "local": "local[2]", "shuffle_partitions": 4, "densities": DENSITIES,
+                         "native_max_sf": native_max_sf, "native_timeout_seconds": native_timeout,
+                         "native_rounds": native_rounds,
+                         "duckdb": {"threads": 2, "memory_limit": "8GB"}}
+    return out
+
+
+def plot(results_dir: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = sorted((json.loads(p.read_text()) for p in results_dir.glob("scale-sf*.json")), key=lambda d: d["sf"])
+    if not docs:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    styles = {"mjoin": "-o", "duckdb": "--s", "native": ":^"}
+    for density, color in (("dense", "#c44"), ("sparse", "#27a")):
+        for kind, style in styles.items():
+            pts = [(d["sf"], d["densities"][density]["seconds_per_million_tuples"].get(kind)) for d in docs
+                   if density in d["densities"]]
+            pts = [(x, y) for x, y in pts if y is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, color=color, label=f"{kind}, {density}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("TPC-DS scale factor")
+    ax.set_ylabel("wall seconds per million input tuples (median)")
+    ax.set_title("seed query, 5-min windows, 30-s cycles, local[2]")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = results_dir / "scale.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sf", type=float, nargs="*", default=[0.1, 1.0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--native-max-sf", type=float, default=1.0)
+    ap.add_argument("--native-timeout", type=float, default=600.0)
+    ap.add_argument("--native-rounds", type=int, default=1, help="spark-native is 10-50x slower: 1 round by default")
+    ap.add_argument("--densities", nargs="*", default=list(DENSITIES), choices=list(DENSITIES))
+    ap.add_argument("--work", default=None, help="scratch folder (default: a new one under /tmp)")
+    ap.add_argument("--plot", action="store_true", help="only redraw the plot")
+    args = ap.parse_args(argv)
+    results = HERE / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        print(plot(results))
+        return 0
+    from mjoin.resources import Resources
+    from mjoin.sparkutil import get_spark
+
+    work = Path(args.work) if args.work else Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    spark = get_spark("bench-scale", Resources(spark_master="local[2]", shuffle_partitions=4),
+                      conf={"spark.driver.memory": "6g"})
+    ok = True
+    for sf in args.sf:
+        doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout, args.native_rounds,
+                       args.densities)
+        path = results / f"scale-sf{sf:g}.json"
+        path.write_text(json.dumps(doc, indent=1, default=str))
+        ok &= all(d["identical_results"] for d in doc["densities"].values())
+        print(f"wrote {path}", flush=True)
+    print(plot(results))
+    spark.stop()
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
