@@ -69,6 +69,13 @@ def run_n(spark, query, landed: Path, work: Path, n: int, tag: str) -> dict:
     return out
 
 
+def slope_per_slice(ns, task_seconds) -> float:
+    """Least-squares slope of task seconds over the slice count (what one more slice costs in all)."""
+    import numpy as np
+
+    return float(np.polyfit(np.asarray(ns, dtype=float), np.asarray(task_seconds, dtype=float), 1)[0])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -104,23 +111,27 @@ def main(argv=None) -> int:
                ("wall_seconds", "rows_per_second", "batch_latency_median", "batch_latency_p90", "task_seconds")}
            for n, v in runs.items()}
     best = min(slices, key=lambda n: med[n]["batch_latency_median"])
-    # the model's inputs, from the runs with one and two slices
-    one, two = runs[1][0], runs[2][0]
-    rows = one["rows"]
+    # the model's inputs (Eq. 5), measured: L_C the operator's probing CPU per input tuple with one slice (the work
+    # of a tuple against its whole window), T_j = L_C / (lambda W) (so lambda W T_j = L_C, as in the paper), and
+    # T_s the task seconds one more slice adds per input tuple (its copy routed to that slice's task and probed
+    # there): the least-squares slope of the median task seconds over every N measured, not the difference of two
+    # noisy runs (at sf 0.1 under load that difference was negative); a hop (T_n) is that same copy here
+    rows = runs[1][0]["rows"]
     duration = man.end_epoch - man.start_epoch
     lam = rows / duration / 2  # per stream
     window = 120.0
-    l_c = one["task_seconds"] / max(rows, 1)  # the operator's work of one tuple against the window (one slice)
-    t_j = l_c / max(lam * window, 1e-9)  # so that lambda W T_j = L_C, as in the paper
-    # one more slice: the extra task work per tuple (its copy routed, received, probed against an empty-ish slice);
-    # passing a tuple on to the next slice task (T_n) is that same copy on this engine
-    t_s = max(two["task_seconds"] - one["task_seconds"], 1e-9) / max(rows, 1)
+    l_c = statistics.median(x["probe_cpu_seconds"] for x in runs[1]) / max(rows, 1)
+    t_j = l_c / max(lam * window, 1e-9)
+    slope = slope_per_slice(slices, [med[n]["task_seconds"] for n in slices])
+    t_s = max(slope, 1e-9) / max(rows, 1)
     t_n = t_s
     cores = os.cpu_count() or 2
     chosen = choose_slices(lam, window, t_j, t_s, t_n, max_slices=cores)
+    unbounded = choose_slices(lam, window, t_j, t_s, t_n, max_slices=64)
     lwt = lam * window * t_j
-    model = {"lambda_per_stream": lam, "window_seconds": window, "t_j": t_j, "t_s": t_s, "t_n": t_n,
-             "max_slices": cores, "chosen": chosen,
+    model = {"lambda_per_stream": lam, "window_seconds": window, "l_c": l_c, "t_j": t_j, "t_s": t_s, "t_n": t_n,
+             "task_seconds_per_slice": slope, "max_slices": cores, "chosen": chosen,
+             "chosen_without_core_cap": unbounded,
              "predicted_latency": {str(n): latency(n, lwt, t_n, t_s, lwt) for n in slices}}
     doc = {"benchmark": "psp", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
            "git_commit": git_commit(PROJECT), "parameters": {"sf": sf, "slices": slices, "rounds": rounds,
@@ -151,7 +162,12 @@ def plot(doc: dict, path: Path) -> None:
     a1.axvline(doc["model"]["chosen"], color="k", ls="--", label=f"Eq. 5 chose N = {doc['model']['chosen']}")
     a1.set_xlabel("time slices N")
     a1.set_ylabel("micro-batch latency, s")
-    a1.legend()
+    a1.legend(loc="upper left")
+    pred = doc["model"]["predicted_latency"]
+    ax = a1.twinx()
+    ax.plot(ns, [pred[str(n)] * 1e6 for n in ns], "s:", color="tab:orange", label="Eq. 5 latency per tuple")
+    ax.set_ylabel("Eq. 5 latency per tuple, us")
+    ax.legend(loc="upper right")
     a2.plot(ns, [doc["medians"][str(n)]["rows_per_second"] for n in ns], "o-")
     a2.set_xlabel("time slices N")
     a2.set_ylabel("input tuples / s")
