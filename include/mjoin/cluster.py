@@ -267,14 +267,28 @@ def wait_workers(state: dict, count: int, timeout: float = 90.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def _tree(rec: dict) -> list:
+    """The recorded process and all its descendants (executors, PySpark's daemon, which runs in a process
+    group of its own, and its Python workers)."""
+    import psutil
+
+    try:
+        root = psutil.Process(int(rec["pid"]))
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def kill_worker(folder, index: int, sig: int = signal.SIGKILL) -> dict:
-    """Kill worker ``index`` with its executors and their Python workers (its process group), as if its
-    machine died; returns its record. :func:`start_worker` brings it back."""
+    """Kill worker ``index`` with its executors and their Python workers (its whole process tree), as if
+    its machine died; returns its record. :func:`start_worker` brings it back."""
     state = load(folder)
     rec = state.get("workers", {}).get(str(index))
     if not alive(rec):
         raise ClusterError(f"worker {index} is not running")
-    _signal_group(rec, sig)
+    for p in _tree(rec):
+        with contextlib.suppress(Exception):
+            p.send_signal(sig)
     deadline = time.monotonic() + 30
     while alive(rec) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -282,16 +296,34 @@ def kill_worker(folder, index: int, sig: int = signal.SIGKILL) -> dict:
 
 
 def worker_of(state: dict, pid: int) -> int | None:
-    """The index of the worker whose process group holds process ``pid`` (an executor or a Python worker
-    of it), or None."""
+    """The index of the worker whose process tree holds process ``pid`` (an executor or a Python worker
+    of it), or None (the driver, or no worker of this cluster)."""
+    import psutil
+
     try:
-        pgid = os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
+        chain = {pid} | {p.pid for p in psutil.Process(pid).parents()}
+    except psutil.NoSuchProcess:
         return None
     for i, rec in state.get("workers", {}).items():
-        if alive(rec) and int(rec["pid"]) == pgid:
+        if alive(rec) and int(rec["pid"]) in chain:
             return int(i)
     return None
+
+
+def executors(state: dict) -> dict:
+    """Worker index -> pids of the executor processes it runs now (``CoarseGrainedExecutorBackend``)."""
+    out = {}
+    for i, rec in state.get("workers", {}).items():
+        if alive(rec):
+            out[int(i)] = [p.pid for p in _tree(rec)[1:] if "CoarseGrainedExecutorBackend" in " ".join(_cmdline(p))]
+    return out
+
+
+def _cmdline(p) -> list:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []
 
 
 # ---- PostgreSQL ---------------------------------------------------------------------------------
