@@ -567,6 +567,8 @@ def env(folder=DEFAULT_DIR, database: str = DB_NAME) -> dict:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": f"spark://{HOST}",
                                                   "port": state["config"]["master_port"]}),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # drivers bind the loopback too (else Spark picks the host's first interface address)
+        "SPARK_LOCAL_IP": HOST,
     }
     if state["config"].get("postgres", True):
         out["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = db_url(folder, database, state)

@@ -260,11 +260,12 @@ def _run_task(fn, table: pa.Table) -> list[dict]:
 
 def _fault_pause_in_task(marker: str, batch_id: int, seconds: float) -> None:
     """Fault injection (``pause_in_task``): the first attempt of partition 0's task records where it runs and
-    sleeps, so a test can kill that worker mid-batch; a retry (another attempt) does not pause."""
+    sleeps, so a test can kill that worker mid-batch; a retry (the marker exists) does not pause."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
-    if _partition_id() != 0 or (tc is not None and (tc.attemptNumber() or tc.stageAttemptNumber())):
+    # once per batch: a retried attempt, or the task of a retried stage, finds the marker and goes on
+    if _partition_id() != 0 or (tc is not None and tc.attemptNumber()) or fsutil.exists(marker):
         return
     import socket
 
