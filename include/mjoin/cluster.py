@@ -359,6 +359,22 @@ def _chown(path: Path, user: str | None) -> None:
                 os.chown(n, pw.pw_uid, pw.pw_gid)
 
 
+def _pg_base(folder: Path, user: str | None) -> Path:
+    """Where the database lives: ``<folder>/postgres``, unless the server's user (``postgres``, when we are
+    root) cannot reach it (a checkout under /root): then a folder of its own in the system's temp folder."""
+    base = folder.resolve() / "postgres"
+    if user is None:
+        return base
+    import hashlib
+    import stat
+    import tempfile
+
+    reachable = all(p.stat().st_mode & stat.S_IXOTH for p in (folder.resolve(), *folder.resolve().parents) if p.exists())
+    if reachable:
+        return base
+    return Path(tempfile.gettempdir()) / f"mjoin-postgres-{hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:10]}"
+
+
 def _secrets(folder) -> dict:
     path = Path(folder) / "secrets.json"
     if path.exists():
@@ -394,7 +410,7 @@ def start_postgres(folder, state: dict) -> dict:
         raise ClusterError(f"port {cfg['pg_port']} on {HOST} is taken: choose another (--pg-port)")
     user = _pg_user()
     folder = Path(folder)
-    base = folder / "postgres"
+    base = _pg_base(folder, user)
     data, run = base / "data", base / "run"
     run.mkdir(parents=True, exist_ok=True)
     log = folder / "logs" / "postgres.log"
@@ -567,6 +583,8 @@ def env(folder=DEFAULT_DIR, database: str = DB_NAME) -> dict:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": f"spark://{HOST}",
                                                   "port": state["config"]["master_port"]}),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # a task's supervisor waits this long for the api-server (default 5 s: timed out on 2 busy cores)
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         # drivers bind the loopback too (else Spark picks the host's first interface address)
         "SPARK_LOCAL_IP": HOST,
     }
