@@ -32,7 +32,9 @@ def pg_airflow(tmp_path, monkeypatch):
     require_cluster(postgres=True)
     name = f"mjoin_test_{os.getpid()}"
     url = cluster.create_database(cluster_dir(), name)
-    for k, v in job_env({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}).items():
+    # created paused, unpaused once the api-server answers (a task started before it is killed by its supervisor)
+    for k, v in job_env({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+                         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}).items():
         monkeypatch.setenv(k, v)
     yield url
     cluster.drop_database(cluster_dir(), name)
@@ -52,6 +54,7 @@ def test_scheduler_on_postgres_runs_reoptimize_for_several_periods_and_evaluate(
     scheduled, evaluation = [], None
     try:
         with services(env, tmp_path) as (senv, port):
+            airflow_cmd(["dags", "unpause", "mjoin_reoptimize"], env, capture=True)
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline:
                 outcomes = [o for o in read_outcomes(lake, QUERY) if o["run_type"] == "scheduled"]
