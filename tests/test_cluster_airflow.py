@@ -54,7 +54,8 @@ def test_scheduler_on_postgres_runs_reoptimize_for_several_periods_and_evaluate(
     scheduled, evaluation = [], None
     try:
         with services(env, tmp_path) as (senv, port):
-            airflow_cmd(["dags", "unpause", "mjoin_reoptimize"], env, capture=True)
+            for dag in ("mjoin_reoptimize", "mjoin_evaluate"):
+                airflow_cmd(["dags", "unpause", dag], env, capture=True)
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline:
                 outcomes = [o for o in read_outcomes(lake, QUERY) if o["run_type"] == "scheduled"]
