@@ -53,14 +53,16 @@ def side(args) -> int:
     t0 = time.perf_counter()
     s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], span[1] - span[0], str(work / "interval"),
                      config=cfg)
-    interval = {"wall_seconds": time.perf_counter() - t0, "batches": len(s.batches),
+    interval = {"wall_seconds": time.perf_counter() - t0, "batches": s.batches if isinstance(s.batches, int)
+                else len(s.batches),
                 "fingerprint": result_fingerprint(str(work / "interval"), QUERY)}
     ns = Lake(str(landed), f"bench-{os.getpid()}")
     t0 = time.perf_counter()
     st = run_stream(spark, QUERY, ns, config=EngineConfig(buckets=16, max_files_per_trigger=FILES_PER_BATCH,
                                                            driver_rows=0))
     recs = read_metrics(ns, QUERY)
-    stream = {"wall_seconds": time.perf_counter() - t0, "batches": len(st.batches),
+    stream = {"wall_seconds": time.perf_counter() - t0, "batches": st.batches if isinstance(st.batches, int)
+              else len(st.batches),
               "batch_seconds_median": statistics.median(r["wall_seconds"] for r in recs),
               "where": sorted({r["execution"]["where"] for r in recs}),
               "fingerprint": result_fingerprint(ns, QUERY)}
@@ -91,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sf", type=float)
     ap.add_argument("--rounds", type=int)
+    ap.add_argument("--suffix", default="", help="appended to the result file's name (smoke runs)")
     ap.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     for a in ("--master", "--conf", "--landed", "--work"):
         ap.add_argument(a, help=argparse.SUPPRESS)
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
                           "cluster": st["config"], "local": "local[2]"},
            "identical_results": len(fps) == 1, "fingerprint": json.loads(next(iter(fps))) if len(fps) == 1 else None,
            "summary": summary, "runs": runs}
-    out = HERE / "results" / f"cluster{'-quick' if args.quick else ''}.json"
+    out = HERE / "results" / f"cluster{'-quick' if args.quick else ''}{args.suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
     print(json.dumps(summary, indent=1))
