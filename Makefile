@@ -1,6 +1,7 @@
 # mjoin: two commands on a fresh clone
 #   make demo   set up .venv, generate TPC-DS, run the re-optimization loop, print the comparison
 #   make test   set up .venv, run the whole test suite
+#   make cluster-up / cluster-down / test-cluster   a native Spark standalone + PostgreSQL cluster (docs/cluster.md)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -13,10 +14,10 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: setup demo test airflow airflow-cli bench clean help
+.PHONY: setup demo test airflow airflow-cli bench clean help cluster-setup cluster-up cluster-down test-cluster
 
 help:
-	@sed -n '1,4p' Makefile
+	@sed -n '1,5p' Makefile
 
 setup: $(STAMP)
 
@@ -50,5 +51,27 @@ bench: $(STAMP)
 	@echo "benchmark scripts (each has --help; most have --quick):"
 	@for f in bench/*/*.py; do case $$(basename $$f) in _*) ;; *) echo "  .venv/bin/python $$f";; esac; done
 
+# ---- the native cluster (include/mjoin/cluster.py, docs/cluster.md): Spark standalone master + 2 workers and
+# PostgreSQL (Debian's postgresql package) for Airflow, all on 127.0.0.1, state under .cluster/
+CLUSTER_STAMP := $(VENV)/.cluster-installed
+cluster-setup: $(CLUSTER_STAMP)
+
+$(CLUSTER_STAMP): $(STAMP) docker/requirements-cluster.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r docker/requirements-cluster.txt
+	@touch $(CLUSTER_STAMP)
+
+cluster-up: $(CLUSTER_STAMP)
+	$(PY) -m mjoin cluster up $(CLUSTER_ARGS)
+
+cluster-down:
+	@if [ -x $(PY) ]; then $(PY) -m mjoin cluster down; else echo "no .venv: nothing to stop"; fi
+
+# the cluster tests alone, on a cluster started for them and stopped after them whatever happens
+test-cluster: $(CLUSTER_STAMP)
+	@trap '$(PY) -m mjoin cluster down' EXIT; \
+	$(PY) -m mjoin cluster up $(CLUSTER_ARGS) && \
+	$(PY) -m pytest -m cluster tests/ $(PYTEST_ARGS)
+
 clean:
 	rm -rf .airflow .demo .pytest_cache spark-warehouse metastore_db derby.log
+	@test ! -f .cluster/cluster.json || echo "kept .cluster/ (make cluster-down, then rm -rf .cluster to drop its database)"

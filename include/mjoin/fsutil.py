@@ -1,9 +1,15 @@
-"""File I/O for the lake: a local path or any URL pyarrow.fs understands (hdfs://, s3://, gs://).
+"""File I/O for the lake: a local path or any URL pyarrow.fs understands (file://, hdfs://, s3://, gs://, abfs://).
+
+A URL keeps its scheme everywhere: every path built from it (:func:`join`) is a URL, handed to Spark
+as such (Hadoop's filesystem of that scheme reads it) and opened here through
+``pyarrow.fs.FileSystem.from_uri``. ``file:///abs/path`` is a URL like the others: it takes the code
+path of a remote lake (no ``flock``; the job's claim by its status file), which is what a test of
+the URL path runs and what a shared mount without reliable locks needs. A plain path is local.
 
 Writes that other processes read (plans, the ACTIVE pointer, state manifests,
 statistics snapshots) are atomic: written to a temporary name in the same
 folder, then renamed over the target. Renames are atomic on POSIX and HDFS; on
-object stores they are not, which the README's deployment notes say.
+object stores they are not (docs/cluster.md, "The lake on a Hadoop filesystem").
 """
 from __future__ import annotations
 
@@ -15,26 +21,28 @@ from pyarrow import fs as pafs
 
 
 def is_url(path) -> bool:
-    return "://" in str(path) and not str(path).startswith("file://")
-
-
-def _local(path) -> str:
-    p = str(path)
-    return p[len("file://"):] if p.startswith("file://") else p
+    """A URL (``scheme://...``, ``file://`` included) rather than a plain local path."""
+    return "://" in str(path)
 
 
 def resolve(path):
     """``(filesystem, path_within_it)`` for a local path or URL."""
     if is_url(path):
         return pafs.FileSystem.from_uri(str(path))
-    return pafs.LocalFileSystem(), os.path.abspath(_local(path))
+    return pafs.LocalFileSystem(), os.path.abspath(str(path))
 
 
 def join(base, *parts) -> str:
     base = str(base)
     if is_url(base):
         return "/".join([base.rstrip("/")] + [str(p).strip("/") for p in parts])
-    return str(Path(_local(base), *map(str, parts)))
+    return str(Path(base, *map(str, parts)))
+
+
+def absolute(path) -> str:
+    """A plain path made absolute (executors and Python workers run in other folders: a relative lake
+    would be another folder for each of them); a URL as it is."""
+    return str(path) if is_url(path) else os.path.abspath(str(path))
 
 
 def makedirs(path) -> None:

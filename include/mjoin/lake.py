@@ -31,6 +31,10 @@ class Lake:
     root: str
     namespace: str = ""
 
+    def __post_init__(self):
+        # one absolute root for every process: executors run in their worker's folder, not the driver's
+        object.__setattr__(self, "root", fsutil.absolute(self.root))
+
     @classmethod
     def default(cls) -> "Lake":
         from .resources import Resources
@@ -112,4 +116,4 @@ class Lake:
 
     def local_path(self) -> str | None:
         """The lake as a local folder, or None when it is a remote URL."""
-        return None if fsutil.is_url(self.root) else os.path.abspath(self.root.removeprefix("file://"))
+        return None if fsutil.is_url(self.root) else os.path.abspath(self.root)

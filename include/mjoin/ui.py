@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 
 from . import fsutil
 from .lake import Lake
@@ -72,17 +73,43 @@ def quarantine_rows(lake: Lake, query: str, limit: int = 20) -> list[dict]:
         return []
 
 
-def report_file(query: str, name: str, lake: Lake | None = None) -> str | None:
-    """The local path of a report file, or None (unknown, outside the report folder, or remote)."""
+#: what a query name may look like in a URL (spec names, folder names under the lake's plans/ and reports/)
+QUERY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def known_queries(lake: Lake | None = None) -> set[str]:
+    """The query names the plugin serves: the specs present (``$MJOIN_QUERIES``, include/queries/) and the
+    queries the lake holds plans, reports or a join job's metrics of."""
+    from .dag_params import query_choices
+
+    return {q for q in set(query_choices()) | set(queries_with_plans(_lake(lake))) if QUERY_NAME.match(q)}
+
+
+def report_target(query: str, name: str, lake: Lake | None = None) -> str | None:
+    """The path or URL of report file ``name`` of ``query``, or None: an unknown query (``..`` is none),
+    a name with empty, ``.``/``..`` or hidden parts, a file outside ``<lake>/reports/<query>/`` (a symlink
+    out of it included) or no such file."""
     lake = _lake(lake)
+    if not QUERY_NAME.match(query or "") or query not in known_queries(lake):
+        return None
+    parts = (name or "").split("/")
+    if any(p in ("", ".", "..") or p.startswith(".") or "\\" in p for p in parts):
+        return None
     base = lake.reports(query)
     if fsutil.is_url(base):
-        return None
+        path = fsutil.join(base, *parts)
+        return path if fsutil.exists(path) and not fsutil.is_dir(path) else None
     base = os.path.realpath(base)
-    path = os.path.realpath(os.path.join(base, name))
+    path = os.path.realpath(os.path.join(base, *parts))
     if not path.startswith(base + os.sep) or not os.path.isfile(path):
         return None
     return path
+
+
+def report_file(query: str, name: str, lake: Lake | None = None) -> str | None:
+    """The local path of a report file, or None (see :func:`report_target`; None too on a URL lake)."""
+    path = report_target(query, name, lake)
+    return None if path is None or fsutil.is_url(path) else path
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:

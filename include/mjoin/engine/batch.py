@@ -258,11 +258,31 @@ def _run_task(fn, table: pa.Table) -> list[dict]:
     return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
 
 
+def _fault_pause_in_task(marker: str, batch_id: int, seconds: float) -> None:
+    """Fault injection (``pause_in_task``): the first attempt of partition 0's task records where it runs and
+    sleeps, so a test can kill that worker mid-batch; a retry (the marker exists) does not pause."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    # once per batch: a retried attempt, or the task of a retried stage, finds the marker and goes on
+    if _partition_id() != 0 or (tc is not None and tc.attemptNumber()) or fsutil.exists(marker):
+        return
+    import socket
+
+    fsutil.atomic_write_text(marker, json.dumps({"batch_id": batch_id, "pid": os.getpid(), "pgid": os.getpgid(0),
+                                                 "host": socket.gethostname()}))
+    log.error("fault injection: task of batch %d pausing %ss in process %d", batch_id, seconds, os.getpid())
+    time.sleep(seconds)
+
+
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
-                cache_bytes: int, classes: tuple, quarantine_root: str):
-    """The mapInArrow function of one stage of one batch (runs in Python workers)."""
+                cache_bytes: int, classes: tuple, quarantine_root: str, pause: tuple | None = None):
+    """The mapInArrow function of one stage of one batch (runs in Python workers). ``pause``: (marker path,
+    seconds) of the ``pause_in_task`` fault injection."""
 
     def run(batches):
+        if pause:
+            _fault_pause_in_task(pause[0], ctx.batch_id, pause[1])
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if not tables:
             return
@@ -566,7 +586,7 @@ class BatchRunner:
         conf = self.conf()
 
         t0 = time.perf_counter()
-        if cfg.fault == f"crash_before_commit:{batch_id}":
+        if f"crash_before_commit:{batch_id}" in cfg.faults():
             log.error("fault injection: ending the process before the commit of batch %s", batch_id)
             os._exit(17)
         files = dict(prev_files)
@@ -624,8 +644,10 @@ class BatchRunner:
         stage = 1
         while True:
             t0 = time.perf_counter()
+            pause = self.config.pause_at("in_task", ctx.batch_id) if stage == 1 else 0.0
+            marker = fsutil.join(self.lake.checkpoints(eq.name), "_control", f"fault_in_task-{ctx.batch_id}.json")
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
-                             eq.classes, self.quarantine_root)
+                             eq.classes, self.quarantine_root, (marker, pause) if pause else None)
             stage_docs, physical[f"stage{stage}"] = run_stage(fn, stage_input)
             binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
             stage_docs = [d for d in stage_docs if "rejects" not in d]

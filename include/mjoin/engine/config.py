@@ -8,7 +8,7 @@ class EngineError(ValueError):
     """An engine run that cannot proceed for a reason the user can fix (named in the message)."""
 
 
-#: testing only, what ``EngineConfig.fault`` can ask (``<kind>:<batch>[:<seconds>]``):
+#: testing only, what ``EngineConfig.fault`` can ask (``<kind>:<batch>[:<seconds>]``, several separated by commas):
 FAULTS = {
     # end the process (os._exit(17)) after the batch's tasks wrote its state and result files,
     # before its commit (the state manifest)
@@ -19,6 +19,10 @@ FAULTS = {
     # streaming only: sleep after the batch's commit, before Spark records it in its checkpoint: a killed
     # job then re-runs a batch whose outputs are already committed
     "pause_after_commit": True,
+    # on the executors: the first attempt of the batch's stage-1 task of partition 0 writes
+    # ``<checkpoint>/_control/fault_in_task-<batch>.json`` (its pid, process group, host) and sleeps: a
+    # window in which a test kills the worker running it (the retry elsewhere does not sleep)
+    "pause_in_task": True,
 }
 
 
@@ -78,8 +82,8 @@ class EngineConfig:
             raise EngineError("state_versions_kept must be >= 2 (a re-run of a batch reads the version before it)")
         if self.shuffle_partitions is not None and self.shuffle_partitions < 1:
             raise EngineError("shuffle_partitions must be >= 1")
-        if self.fault is not None:
-            parse_fault(self.fault)
+        for f in self.faults():
+            parse_fault(f)
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise EngineError("idle_timeout must be a positive number of seconds (or inf: never idle)")
         if self.psp_slices < 1:
@@ -92,10 +96,15 @@ class EngineConfig:
     def pause_at(self, point: str, batch_id: int) -> float:
         """Seconds the fault asks to pause at ``point`` (``before_commit``, ``after_commit``) of batch
         ``batch_id``; 0 when it asks nothing there."""
-        if not self.fault:
-            return 0.0
-        kind, batch, seconds = parse_fault(self.fault)
-        return seconds if kind == f"pause_{point}" and batch == batch_id else 0.0
+        for f in self.faults():
+            kind, batch, seconds = parse_fault(f)
+            if kind == f"pause_{point}" and batch == batch_id:
+                return seconds
+        return 0.0
+
+    def faults(self) -> list[str]:
+        """The fault injection specs asked for (``fault`` split at commas)."""
+        return [f.strip() for f in (self.fault or "").split(",") if f.strip()]
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -141,7 +141,7 @@ class StreamJob:
         self.stopping = False  # set by hold(): every later batch is refused
         self.refused: int | None = None
         self.on_batch_end = None  # the lifecycle watcher's hook
-        if config.fault and config.fault.startswith("pause_before_commit:"):
+        if any(f.startswith("pause_before_commit:") for f in config.faults()):
             self._pause_before_commit()
 
     # ---- plans ------------------------------------------------------------------------------
