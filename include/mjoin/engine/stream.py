@@ -88,9 +88,10 @@ def checkpoint_manager(spark, lake) -> str | None:
     implementation without Hadoop's native library forks ``readlink`` (and ``chmod``) for every rename of
     the offset and commit logs: that cost 75-80 ms of each of ``walCommit`` and ``commitOffsets`` per
     micro-batch here, 15-20 ms with this one (bench/streaming). A rename on a local filesystem is atomic
-    either way, and one job per query holds the claim (engine.control), so nobody races the log. None: leave
-    Spark's choice (a URL lake, or a Spark without the class)."""
-    if fsutil.is_url(lake.root):
+    either way, and one job per query holds the claim (engine.control), so nobody races the log. A
+    ``file://`` URL is the same local filesystem through Hadoop's URL path. None: leave Spark's choice (a
+    remote URL lake: HDFS, S3A, ..., or a Spark without the class)."""
+    if fsutil.is_url(lake.root) and not str(lake.root).startswith("file:"):
         return None
     try:
         loader = spark._jvm.java.lang.Thread.currentThread().getContextClassLoader()
