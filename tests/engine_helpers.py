@@ -73,6 +73,21 @@ def replay_tpcds(lake: Lake, sf: float = 0.01, *, rate: float = 5.0, arrival_cyc
     return {"start": start, "end": start + int(np.ceil(len(order) / rate)), "rows": len(order), "files": landed}
 
 
+def land_first_arrivals(stage: Lake, lake: Lake, n: int, tables=TPCDS_TABLES) -> list[int]:
+    """Copy the first ``n`` arrival cycles of ``tables`` from ``stage`` into ``lake`` (file by file);
+    returns those arrivals."""
+    import shutil
+
+    arrivals = sorted({a for t in tables for a in stage.arrivals(t)})[:n]
+    for t in tables:
+        for a in arrivals:
+            for f in stage.stream_files(t, a, a + 1):
+                dst = lake.stream_file(t, a)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copy2(f, dst)
+    return arrivals
+
+
 def write_stream_file(lake: Lake, source: str, arrival: int, table: pa.Table, part: int = 0) -> str:
     path = lake.stream_file(source, arrival, part)
     os.makedirs(os.path.dirname(path), exist_ok=True)

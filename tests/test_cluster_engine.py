@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cluster_helpers import cluster_dir, job_env, require_cluster
-from engine_helpers import TPCDS_TABLES, replay_tpcds
+from engine_helpers import land_first_arrivals, replay_tpcds
 from mjoin import cluster, fsutil
 from mjoin.engine import EngineConfig, committed_batches, read_metrics, run_stream
 from mjoin.engine.control import JobControl
@@ -48,13 +47,7 @@ def landed(tmp_path_factory):
     stage = Lake(str(root / "stage"))
     info = replay_tpcds(stage, 0.01)
     lake = Lake(str(root / "lake"))
-    arrivals = sorted({a for t in TPCDS_TABLES for a in stage.arrivals(t)})[:ARRIVALS]
-    for t in TPCDS_TABLES:
-        for a in arrivals:
-            for f in stage.stream_files(t, a, a + 1):
-                dst = lake.stream_file(t, a)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                shutil.copy2(f, dst)
+    arrivals = land_first_arrivals(stage, lake, ARRIVALS)
     return {"root": root, "lake": lake, "start": info["start"], "end": arrivals[-1] + 60}
 
 

@@ -7,11 +7,10 @@ URL fallback (status file, write then verify) instead of a flock. Same results a
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
-from engine_helpers import TPCDS_TABLES, replay_tpcds
+from engine_helpers import land_first_arrivals, replay_tpcds
 from mjoin import fsutil
 from mjoin.engine import EngineConfig, read_metrics, run_stream
 from mjoin.engine.control import JobControl, JobRunning
@@ -29,13 +28,7 @@ def plain(tmp_path_factory):
     stage = Lake(str(root / "stage"))
     replay_tpcds(stage, 0.01)
     lake = Lake(str(root / "lake"))
-    arrivals = sorted({a for t in TPCDS_TABLES for a in stage.arrivals(t)})[:4]
-    for t in TPCDS_TABLES:
-        for a in arrivals:
-            for f in stage.stream_files(t, a, a + 1):
-                dst = lake.stream_file(t, a)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                shutil.copy2(f, dst)
+    land_first_arrivals(stage, lake, 4)
     return lake
 
 
