@@ -13,6 +13,8 @@ def print_summary(r: dict) -> None:
     print(f"evaluation ({r.get('mode')}), {r.get('seconds_total', 0):.0f} s, commit {r.get('git_commit')}, "
           f"load {r['machine']['load_average'][0]:.1f} -> {r.get('load_average_after', ['?'])[0]}")
     for label, doc in (r.get("paper") or {}).items():
+        if not isinstance(doc, dict) or "strategies" not in doc:
+            continue
         eng = doc.get("engine", {})
         share = eng.get("order_share", {})
         print(f"\n[{label}] {doc['query']}: {doc['batches']} batches of {doc['cycle_s']} s, results agree "
@@ -62,8 +64,10 @@ def print_summary(r: dict) -> None:
         print(f"  drift {name:>12}: " + "; ".join(
             f"{s} {m}: vs oracle {_pct(g[s][m]['vs_oracle'])}, below fixed {_pct(g[s][m]['below_fixed_mean'])}, "
             f"below sel.first {_pct(g[s][m]['below_selectivity_first'])} {'OK' if g[s][m]['goal_met'] else 'MISSED'}"
-            for s in ("dppick",) for m in ("cpu", "work")))
+            for s in ("dppick",) for m in ("cpu", "chain_cpu", "work")))
     for label, doc in (r.get("peers") or {}).items():
+        if not isinstance(doc, dict) or "systems" not in doc:
+            continue
         print(f"\n[peers {label}] {doc['input_tuples']:,} tuples")
         for n, s in doc["systems"].items():
             if "error" in s:

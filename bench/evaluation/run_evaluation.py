@@ -5,7 +5,7 @@
     python bench/evaluation/run_evaluation.py --sections paper drift --sf 1        # a part of it
     python bench/evaluation/run_evaluation.py --plot-only results/evaluation.json     # redraw the plots
 
-Writes ``bench/evaluation/results/evaluation[_quick].json`` (machine, load before/after per section, versions,
+Writes ``bench/evaluation/results/evaluation[_quick][_<tag>].json`` (machine, load before/after per section, versions,
 git commit, date, parameters, every measurement with its repetitions) and ``.png`` plots beside it.
 
 **What runs per cycle** (``mjoin.cycle_loop``, the steps of one ``mjoin_reoptimize`` run, every statistics
@@ -65,7 +65,7 @@ STRATEGIES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick
 BASELINES = ("fixed", "selectivity_first", "greedy", "dppick_query", "dppick_match", "dppick_nosmooth")
 SEED, TWO_CLASS = "tpcds_returns_by_address", "tpcds_returns_by_customer_and_address"
 DRIFT_PRESETS = ("stationary", "rate-swap", "match-drift", "skew-drift", "burst", "mixed")
-MEASURES = ("cpu", "wall", "work")  # composed task CPU, engine time, lookups + matches
+MEASURES = ("cpu", "chain_cpu", "wall", "work")  # composed task CPU, its chains' part, engine time, lookups + matches
 
 
 # ---- provenance -----------------------------------------------------------------------------------
@@ -299,6 +299,8 @@ def compose_all(sched, measured: dict) -> dict:
                 "lookups": per_round[0]["lookups"], "matches": per_round[0]["matches"],
                 "chains_not_measured": per_round[0]["chains_not_measured"],
                 "per_batch_cpu": [statistics.median(v) for v in zip(*[c["per_batch_cpu"] for c in per_round])],
+                "per_batch_chain_cpu": [statistics.median(v) for v in zip(*[c["per_batch_chain_cpu"]
+                                                                            for c in per_round])],
                 "plan_changes": sum(1 for a, b in zip(keys, keys[1:]) if a != b),
                 "distinct_plans": len(set(keys))}
     return out
@@ -306,7 +308,7 @@ def compose_all(sched, measured: dict) -> dict:
 
 def paper_measures(costs: dict, orders: list, measure: str) -> dict:
     """The paper's way: per initial order, which strategy is fastest; dppick's reduction against each baseline."""
-    val = (lambda c: c[measure]["median"]) if measure != "work" else (lambda c: c["work"])
+    val = lambda c: _val(c, measure)  # noqa: E731
     contenders = ("fixed", "selectivity_first", "greedy", "dppick", "dppick_query", "dppick_match", "dppick_nosmooth")
     fastest, reductions = 0, {b: [] for b in BASELINES + ("exact", "oracle")}
     strictly = 0
@@ -420,8 +422,8 @@ def loop_overhead(sched, costs: dict, order, strategy: str = "dppick") -> dict:
             "fraction_of_join_cpu": total / join_cpu if join_cpu else None}
 
 
-def period_overhead(spark, query, lake, start: int, tau: int, length: int, period: int, n_periods: int,
-                    work: Path) -> dict:
+def period_overhead(spark, query, lake, loop_from: int, start: int, end: int, tau: int, length: int, period: int,
+                    n_periods: int, work: Path) -> dict:
     """The loop at the DAG's period: one statistics job over the period's cycles, the gates, one forecast, dppick
     and its plan gate, timed per period; the join's engine time for the same period is the caller's."""
     from mjoin.cost import plan_cost
@@ -434,9 +436,11 @@ def period_overhead(spark, query, lake, start: int, tau: int, length: int, perio
     root = str(work / "period-history")
     shutil.rmtree(root, ignore_errors=True)
     model = cost_model()
-    first = start + max(length * tau, period)
+    first = start  # the measured interval's start: the history before it is the loop's
+    period = min(period, (end - first) // tau * tau)
+    n_periods = max(1, min(n_periods, (end - first) // period))
     lake = _lake(Path(lake)) if isinstance(lake, (str, Path)) else lake
-    run_statistics(spark, query, lake, start, first, tau, out=root)  # the history before the first timed period
+    run_statistics(spark, query, lake, max(loop_from, first - length * tau), first, tau, out=root)  # not timed
     out, active = [], None
     for p in range(n_periods):
         a, b = first + p * period, first + (p + 1) * period
@@ -579,7 +583,9 @@ def drift_section(spark, args, work: Path) -> dict:
                 g["goal_met"] = (g["vs_oracle"] is not None and g["vs_oracle"] <= 0.05 and g["below_fixed_mean"] >= 0.25
                                  and g["below_selectivity_first"] >= 0.25)
         doc["drift"] = {"totals_spec_order": tot, "fixed_mean_over_orders": fixed_mean, "goals": goals,
-                        "per_cycle_cpu": {s: costs[("gated", spec_order, s)]["per_batch_cpu"] for s in STRATEGIES}}
+                        "per_cycle_cpu": {s: costs[("gated", spec_order, s)]["per_batch_cpu"] for s in STRATEGIES},
+                        "per_cycle_chain_cpu": {s: costs[("gated", spec_order, s)]["per_batch_chain_cpu"]
+                                                for s in STRATEGIES}}
         out["presets"][preset] = doc
     return out
 
@@ -667,17 +673,13 @@ def peer_case(args, label, workload: Path, query, plan, work: Path) -> dict:
     for name, opts in systems:
         if name == "spark-native" and args.no_native:
             continue
-        runs = []
-        for r in range(args.peer_reps if name != "spark-native" else max(1, args.native_reps)):
-            job = {"query": qname_or_path(query), "lake": str(workload), "start": start, "end": end,
-                   "plan": str(plan_path), "out": str(work / f"{name}-{r}"), **opts}
-            runs.append(_subprocess_peer(job, work / f"{name}-{r}.json"))
-        doc["systems"][name] = _peer_summary(runs, doc["input_tuples"])
-    runs = []
-    for r in range(args.peer_reps):
-        runs.append(_subprocess_peer({"engine": "duckdb", "query": qname_or_path(query), "lake": str(workload),
-                                      "out": str(work / f"duckdb-{r}")}, work / f"duckdb-{r}.json"))
-    doc["systems"]["duckdb"] = _peer_summary(runs, doc["input_tuples"])
+        reps = args.peer_reps if name != "spark-native" else max(1, args.native_reps)
+        job = {"query": qname_or_path(query), "lake": str(workload), "start": start, "end": end, "reps": reps,
+               "plan": str(plan_path), "out": str(work / name), **opts}
+        doc["systems"][name] = _peer_summary(_subprocess_peer(job, work / f"{name}.json"), doc["input_tuples"])
+    job = {"engine": "duckdb", "query": qname_or_path(query), "lake": str(workload), "out": str(work / "duckdb"),
+           "reps": args.peer_reps}
+    doc["systems"]["duckdb"] = _peer_summary(_subprocess_peer(job, work / "duckdb.json"), doc["input_tuples"])
     if FLINK_PY.exists() and not args.no_flink:
         for variant in args.flink_variants:
             verify = work / f"flink-{variant}-out"
@@ -688,6 +690,7 @@ def peer_case(args, label, workload: Path, query, plan, work: Path) -> dict:
             if "error" not in res:
                 rows = peers.read_csv_results(str(verify), schema)
                 res["fingerprint"] = peers.fingerprint_table(rows, schema, work / f"flink-{variant}-fp")
+                res["result_rows"] = rows.num_rows
                 res["seconds"] = spread(res["blackhole_seconds"])
                 res["throughput_tuples_per_s"] = doc["input_tuples"] / res["seconds"]["median"]
                 res["state_tuples"] = (doc["input_tuples"] if variant in ("multijoin", "binary") else None)
@@ -716,16 +719,16 @@ def _lake(workload: Path):
     return Lake(str(workload))
 
 
-def _peer_summary(runs: list, tuples: int) -> dict:
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return {"error": runs[0].get("error") if runs else "no run"}
-    secs = [r["seconds"] for r in ok]
-    s = spread(secs)
+def _peer_summary(res: dict, tuples: int) -> dict:
+    """One system's repetitions (run in one process after an unmeasured warm-up)."""
+    if "error" in res:
+        return res
+    ok = res["runs"]
+    s = spread([r["seconds"] for r in ok])
     return {"seconds": s, "throughput_tuples_per_s": tuples / s["median"], "result_rows": ok[0]["result_rows"],
             "fingerprint": ok[0]["fingerprint"], "fingerprints_agree": len({json.dumps(r["fingerprint"]) for r in ok}) == 1,
-            "peak_rss_bytes": spread([r.get("peak_rss_bytes") for r in ok]),
-            "state_tuples": ok[0].get("state_tuples"), "detail": ok}
+            "peak_rss_bytes": res.get("peak_rss_bytes"), "warmup_seconds": res.get("warmup_seconds"),
+            "state_tuples": ok[0].get("state_tuples"), "runs": ok}
 
 
 def _subprocess_peer(job: dict, path: Path) -> dict:
@@ -751,19 +754,25 @@ def _flink(job: dict, path: Path) -> dict:
 
 
 def peer_job(path: str) -> int:
-    """One system's run in a fresh process (its peak memory is this process tree's): prints PEER_RESULT."""
+    """One system in a fresh process: an unmeasured warm-up (Spark: a run over the interval's first two batches,
+    starting the JVM's JIT and the Python workers; Flink's counterpart is its no-op job), then ``reps`` measured
+    runs; peak resident memory of this process tree over them. Prints PEER_RESULT."""
     import peers
 
     from mjoin.query import load_query
 
     job = json.loads(Path(path).read_text())
     query = load_query(job["query"])
-    res = {"engine": job["engine"]}
+    reps = int(job.get("reps", 1))
+    res = {"engine": job["engine"], "runs": []}
     if job["engine"] == "duckdb":
+        peers.duckdb_reference(query, _lake(Path(job["lake"])))
         with peers.PeakRss() as rss:
-            table, secs = peers.duckdb_reference(query, _lake(Path(job["lake"])))
-        res.update({"seconds": secs, "result_rows": table.num_rows, "peak_rss_bytes": rss.peak,
-                    "fingerprint": peers.fingerprint_table(table, peers.result_schema(query), Path(job["out"]))})
+            for r in range(reps):
+                table, secs = peers.duckdb_reference(query, _lake(Path(job["lake"])))
+                res["runs"].append({"seconds": secs, "result_rows": table.num_rows,
+                                    "fingerprint": peers.fingerprint_table(table, peers.result_schema(query),
+                                                                           Path(job["out"]) / f"r{r}")})
     else:
         from mjoin.engine import EngineConfig, read_metrics, run_interval
         from mjoin.engine.results import result_fingerprint
@@ -773,20 +782,27 @@ def peer_job(path: str) -> int:
 
         spark = get_spark("mjoin-eval-peer", Resources(spark_master="local[2]", shuffle_partitions=4))
         plan = load_plan(job["plan"], query) if job["engine"] == "mjoin" else None
+        cfg = EngineConfig(buckets=4)
+        t = time.perf_counter()
+        run_interval(spark, query, plan, job["lake"], job["start"], job["start"] + 2 * job["cycle"], job["cycle"],
+                     job["out"] + "-warmup", engine=job["engine"], config=cfg)
+        res["warmup_seconds"] = time.perf_counter() - t
         with peers.PeakRss() as rss:
-            t = time.perf_counter()
-            s = run_interval(spark, query, plan, job["lake"], job["start"], job["end"], job["cycle"], job["out"],
-                             engine=job["engine"], config=EngineConfig(buckets=4))
-            secs = time.perf_counter() - t
-        if job["engine"] == "mjoin":
-            recs = read_metrics(s.metrics_path)
-            state = max((sum(r["state_tuples"].values()) for r in recs), default=0)
-        else:
-            state = s.extra.get("max_state_tuples")
-        res.update({"seconds": secs, "batch_seconds": s.batch_seconds, "result_rows": s.result_rows,
-                    "peak_rss_bytes": rss.peak, "state_tuples": state, "cycle_s": job["cycle"],
-                    "fingerprint": result_fingerprint(s.results_path)})
+            for r in range(reps):
+                t = time.perf_counter()
+                s = run_interval(spark, query, plan, job["lake"], job["start"], job["end"], job["cycle"],
+                                 job["out"], engine=job["engine"], config=cfg)
+                secs = time.perf_counter() - t
+                if job["engine"] == "mjoin":
+                    recs = read_metrics(s.metrics_path)
+                    state = max((sum(x["state_tuples"].values()) for x in recs), default=0)
+                else:
+                    state = s.extra.get("max_state_tuples")
+                res["runs"].append({"seconds": secs, "batch_seconds": s.batch_seconds, "prepare_seconds":
+                                    s.prepare_seconds, "result_rows": s.result_rows, "state_tuples": state,
+                                    "cycle_s": job["cycle"], "fingerprint": result_fingerprint(s.results_path)})
         spark.stop()
+    res["peak_rss_bytes"] = rss.peak
     print("PEER_RESULT " + json.dumps(res, default=str))
     return 0
 
@@ -809,10 +825,10 @@ def run(args) -> dict:
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-eval-"))
     work.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "evaluation", "mode": "quick" if args.quick else "full", **provenance(),
-              "parameters": {k: v for k, v in vars(args).items() if k not in ("plot_only", "peer_job")}}
+                "parameters": {k: v for k, v in vars(args).items() if k not in ("plot_only", "peer_job")}}
     t_all = time.perf_counter()
     spark = get_spark("mjoin-bench-evaluation", Resources(spark_master="local[2]", shuffle_partitions=4))
-    out_path = Path(args.out) / f"evaluation{'_quick' if args.quick else ''}.json"
+    out_path = Path(args.out) / f"{stem_name(args)}.json"
 
     def save():
         result["seconds_total"] = time.perf_counter() - t_all
@@ -845,8 +861,8 @@ def run(args) -> dict:
             wl = Path(doc["lake"])
             with Section("overhead at the DAG period", result.setdefault("overhead", {})):
                 query = spec_of(wl, SEED)
-                po = period_overhead(spark, query, str(wl), doc["interval"][0], args.cycle, args.length,
-                                     args.period, args.periods, work)
+                po = period_overhead(spark, query, str(wl), doc["loop_from"], doc["interval"][0], doc["interval"][1],
+                                     args.cycle, args.length, args.period, args.periods, work)
                 sched, costs = doc["_sched"], doc["_costs"]
                 per = costs[("gated", sched_orders(sched)[0], "dppick")]
                 batch_wall = _per_batch_wall(doc)
@@ -904,6 +920,10 @@ def _per_batch_wall(doc: dict) -> list:
     return out
 
 
+def stem_name(args) -> str:
+    return "evaluation" + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="minutes: sf 0.1, a 7-minute replay, covering orders, 2 reps")
@@ -938,6 +958,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="working folder (default: a temporary one); generated workloads there are reused")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--tag", default="", help="results file evaluation[_quick]_<tag>.json (a part of the full run)")
     p.add_argument("--plot-only", metavar="JSON")
     p.add_argument("--peer-job", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -971,7 +992,7 @@ def main(argv=None) -> int:
     result = run(args)
     from plots import plot_all
 
-    stem = Path(args.out) / f"evaluation{'_quick' if q else ''}"
+    stem = Path(args.out) / stem_name(args)
     plot_all(result, stem)
     from report import print_summary
 
