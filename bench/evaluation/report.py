@@ -81,3 +81,51 @@ def print_summary(r: dict) -> None:
 
 if __name__ == "__main__":
     print_summary(json.loads(open(sys.argv[1]).read()))
+
+
+def _s(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(r: dict) -> str:
+    """The README's tables from a results document."""
+    out = []
+    papers = {k: v for k, v in (r.get("paper") or {}).items() if isinstance(v, dict) and "strategies" in v}
+    for label, doc in papers.items():
+        eng = doc["engine"]
+        sh = eng["order_share"]
+        out.append(f"\n**{label}** (`{doc['query']}`, {doc['batches']} batches of {doc['cycle_s']} s after "
+                   f"{doc['loop']['gate_outcomes']['measured_from_cycle']} warm-up cycles, {len(doc['initial_orders'])} "
+                   f"initial orders, engine runs: {len(doc['engine_orders'])} fixed orders x {doc['reps']}; "
+                   f"{eng['result_rows'][0]:,} result rows, the same for every plan). The chains (the order-dependent "
+                   f"work) are {sh['chain_share_of_task_cpu']:.0%} of the task CPU; over the fixed orders task CPU "
+                   f"{sh['task_cpu']['min']:.2f}-{sh['task_cpu']['max']:.2f} s ({sh['task_cpu']['range_share']:.0%} "
+                   f"range), engine time {sh['engine_seconds']['min']:.2f}-{sh['engine_seconds']['max']:.2f} s, "
+                   f"probe work x{sh['probe_work']['ratio']:.2f}.\n")
+        out.append("| strategy | task CPU (s) | chains' CPU (s) | engine time (s) | lookups + matches | plan changes (ungated) |")
+        out.append("|---|---|---|---|---|---|")
+        for s, row in doc["strategies"].items():
+            g, u = row.get("gated"), row.get("ungated", {})
+            if not g:
+                continue
+            chain = g.get("chain_cpu_mean")
+            out.append(f"| {s} | {g['cpu_mean']:.3f} | {_s(chain)} | {g['wall_mean']:.3f} | "
+                       f"{g['work_mean']:,.0f} | {g['plan_changes_mean']:.1f} ({u.get('plan_changes_mean', 0):.1f}) |")
+        out.append("")
+        out.append("| measure | dppick fastest (strictly) | vs fixed | vs selectivity_first | vs greedy | vs dppick_query | "
+                   "vs dppick_match | vs noSmooth | vs oracle |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for m, pm in doc["paper"].items():
+            red = pm["reduction_vs"]
+            cells = [f"{_pct(red[b]['mean'])} [{_pct(red[b]['min'])}, {_pct(red[b]['max'])}]" if b in red else "-"
+                     for b in ("fixed", "selectivity_first", "greedy", "dppick_query", "dppick_match",
+                               "dppick_nosmooth", "oracle")]
+            out.append(f"| {m} | {pm['dppick_fastest']}/{pm['orders']} ({pm['dppick_strictly_fastest']}) | "
+                       + " | ".join(cells) + " |")
+        sw = doc.get("switching_run")
+        if sw:
+            out.append(f"\nReal switching run (dppick, order {sw['initial_order']}, {sw['plan_switches']} switches, one "
+                       f"Spark job per batch): lookups+matches equal to the composed ones: {sw['work_equal']}; results "
+                       f"equal: {sw['results_equal']}; task CPU {sw['task_cpu_seconds']:.2f} s vs composed "
+                       f"{sw['composed_task_cpu']:.2f} s (per-batch jobs cost more than pipelined ones).")
+    return "\n".join(out)

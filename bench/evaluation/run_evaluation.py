@@ -551,11 +551,13 @@ def _costs_table(costs: dict, orders: list) -> dict:
             if not cs:
                 continue
             row[kind] = {"cpu_mean": statistics.mean(c["cpu"]["median"] for c in cs),
+                         "chain_cpu_mean": statistics.mean(c["chain_cpu"]["median"] for c in cs),
                          "wall_mean": statistics.mean(c["wall"]["median"] for c in cs),
                          "work_mean": statistics.mean(c["work"] for c in cs),
                          "plan_changes_mean": statistics.mean(c["plan_changes"] for c in cs),
                          "per_order": {"".join(o): {k: costs[(kind, o, s)][k] for k in
-                                                    ("cpu", "wall", "work", "plan_changes", "distinct_plans")}
+                                                    ("cpu", "chain_cpu", "wall", "work", "plan_changes",
+                                                     "distinct_plans")}
                                        for o in orders if (kind, o, s) in costs}}
         out[s] = row
     return out
