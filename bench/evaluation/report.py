@@ -79,8 +79,6 @@ def print_summary(r: dict) -> None:
                   f"same as DuckDB {s.get('results_equal_duckdb')}  x{s.get('mjoin_speedup', 0):.2f} of mjoin's time")
 
 
-if __name__ == "__main__":
-    print_summary(json.loads(open(sys.argv[1]).read()))
 
 
 def _s(x, nd=3) -> str:
@@ -128,4 +126,73 @@ def markdown(r: dict) -> str:
                        f"Spark job per batch): lookups+matches equal to the composed ones: {sw['work_equal']}; results "
                        f"equal: {sw['results_equal']}; task CPU {sw['task_cpu_seconds']:.2f} s vs composed "
                        f"{sw['composed_task_cpu']:.2f} s (per-batch jobs cost more than pipelined ones).")
+    ov = r.get("overhead") or {}
+    if ov.get("per_cycle"):
+        pc = ov["per_cycle"]
+        st = pc["median_step_seconds"]
+        out.append(f"\n**The loop's overhead** ({pc['cycles']} re-optimizations, one per 10-s cycle): median per cycle "
+                   f"{pc['loop_seconds_per_cycle']['median']:.2f} s = statistics job {st['statistics']:.2f} + history "
+                   f"read {st['history']:.2f} + statistics gate {st['stats_gate']:.2f} + Holt {st['forecast']:.2f} + "
+                   f"forecast gate {st['forecast_gate']:.2f} + dppick {st['optimize']:.4f} + plan gate "
+                   f"{st['plan_gate']:.2f}; in total {pc['loop_seconds_total']:.0f} s against the join's "
+                   f"{pc['join_engine_seconds']:.1f} s of engine time ({pc['join_task_cpu_seconds']:.1f} s task CPU) "
+                   f"for the same batches: {pc['fraction_of_join_engine_time']:.0%}.")
+        per = ov.get("per_period") or {}
+        for p in per.get("periods", []):
+            out.append(f"- per {per['period_seconds']} s period: loop {p['total']:.2f} s "
+                       f"({', '.join(f'{k} {v:.2f}' for k, v in p['seconds'].items())}) vs the join's "
+                       f"{p['join_engine_seconds']:.2f} s: {_pct(p['fraction_of_join_engine_time']).lstrip('+')}")
+    drift = (r.get("drift") or {}).get("presets") or {}
+    if drift:
+        out.append("\n| preset | measure | dppick vs oracle | exact vs oracle | dppick below fixed (mean of orders) | "
+                   "dppick below selectivity_first | goal met (dppick) | plan changes dppick gated / ungated (paid) |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for name, doc in drift.items():
+            g = doc["drift"]["goals"]
+            ch = doc.get("plan_changes", {}).get("dppick", {})
+            chs = (f"{ch['gated']['changes']} ({ch['gated']['paid']}) / {ch['ungated']['changes']} "
+                   f"({ch['ungated']['paid']})") if ch else "-"
+            for m in [x for x in ("chain_cpu", "cpu", "work") if x in g["dppick"]]:
+                out.append(f"| {name} | {m} | {_pct(g['dppick'][m]['vs_oracle'])} | {_pct(g['exact'][m]['vs_oracle'])} | "
+                           f"{_pct(g['dppick'][m]['below_fixed_mean'])} | {_pct(g['dppick'][m]['below_selectivity_first'])} "
+                           f"| {'yes' if g['dppick'][m]['goal_met'] else 'no'} | {chs if m == 'chain_cpu' else ''} |")
+    sens = r.get("sensitivity") or {}
+    if sens.get("cycle"):
+        out.append("\n| tau (s) | batches | dppick task CPU (s) | dppick engine (s) | fixed CPU | oracle CPU | loop total (s) |")
+        out.append("|---|---|---|---|---|---|---|")
+        for d in sens["cycle"]:
+            out.append(f"| {d['tau']} | {d['batches']} | {d['dppick']['cpu']:.3f} | {d['dppick']['wall']:.2f} | "
+                       f"{d['fixed']['cpu']:.3f} | {d['oracle']['cpu']:.3f} | {d['overhead']['loop_seconds_total']:.0f} |")
+    if sens.get("length"):
+        out.append("\n| L | dppick task CPU (s) | dppick chains' CPU (s) | lookups + matches | oracle CPU | plan changes |")
+        out.append("|---|---|---|---|---|---|")
+        for d in sens["length"]:
+            out.append(f"| {d['L']} | {d['dppick']['cpu']:.3f} | {d['dppick'].get('chain_cpu', 0):.3f} | "
+                       f"{d['dppick']['work']:,} | {d['oracle']['cpu']:.3f} | {d['plan_changes']} |")
+    peers = {k: v for k, v in (r.get("peers") or {}).items() if isinstance(v, dict) and "systems" in v}
+    for label, doc in peers.items():
+        out.append(f"\n**{label}**: {doc['input_tuples']:,} input tuples (CSV copies for Flink made in "
+                   f"{doc['csv_conversion_seconds']:.1f} s, not timed)\n")
+        out.append("| system | end to end (s), median [min, max] | input tuples/s | result rows | same rows as DuckDB "
+                   "(fingerprint) | peak RSS (GB) | state (tuples) | mjoin's advantage |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for n, sy in doc["systems"].items():
+            if "error" in sy:
+                out.append(f"| {n} | error | | | | | | |")
+                continue
+            sec = sy["seconds"]
+            rss = sy.get("peak_rss_bytes")
+            rss = rss.get("median") if isinstance(rss, dict) else rss
+            rows = sy.get("result_rows") or (sy.get("fingerprint") or {}).get("rows")
+            out.append(f"| {n} | {sec['median']:.2f} [{sec['min']:.2f}, {sec['max']:.2f}] | "
+                       f"{sy['throughput_tuples_per_s']:,.0f} | {rows:,} | {sy.get('results_equal_duckdb')} | "
+                       f"{(rss or 0) / 1e9:.2f} | {sy.get('state_tuples') or '-'} | x{sy.get('mjoin_speedup', 0):.2f} |")
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    doc = json.loads(open(sys.argv[1]).read())
+    if "--markdown" in sys.argv:
+        print(markdown(doc))
+    else:
+        print_summary(doc)
