@@ -1,6 +1,8 @@
 """The per-cycle loop replay and issue 16's evaluation pieces (bench/evaluation):
 
 - covering orders run every probe order of every stream;
+- the loop's step (gate calls shared and skipped where they cannot change a plan) deploys exactly what the plan
+  gate called for every initial order and strategy with its own candidate deploys;
 - a schedule's cost composed from fixed-order runs equals a real run that switches plans at every batch boundary
   (lookups and matches exactly, the same result rows);
 - the SQL text the Flink peer runs (window conditions as pairwise interval predicates) returns exactly the DuckDB
@@ -65,6 +67,67 @@ def test_merge_runs_takes_each_chain_median():
                        {1: {"cpu": cpu, "seconds": cpu, "wall": cpu}})
     chains, base = merge_runs([run(1.0), run(3.0), run(2.0)])
     assert chains[(1, "a", ("b",))]["cpu"] == 2.0 and base[1]["wall"] == 2.0
+
+
+def test_loop_step_deploys_what_gating_every_order_and_strategy_deploys(seed_query):
+    """The step calls the plan gate once per distinct (statistics, candidate, active plan) and not at all where the
+    active plan is the candidate; the plans it deploys equal gating each (initial order, strategy) on its own."""
+    import pandas as pd
+    from test_gates_support import CYCLE, EPOCH0, snapshot
+
+    from mjoin.cost import plan_cost
+    from mjoin.cycle_loop import CycleLoop, LoopSettings, plan_key
+    from mjoin.evaluate import RECIPES
+    from mjoin.forecast import forecast, last_value
+    from mjoin.gates import check_plan
+    from mjoin.optimize import optimize
+    from mjoin.statistics import ROW_COLUMNS
+
+    q = seed_query
+    first = q.stream_names[0]
+
+    def snap(k):  # plausible cycles; from cycle 11 the first stream's rate grows by 60% of its level each cycle
+        st = snapshot(q, EPOCH0 + k * CYCLE, seed=k)
+        s0, f = st.groups[0].streams[first], 1 + 0.6 * max(0, k - 10)
+        s0.window_tuples, s0.tuples, s0.lam, s0.kappa = (v * f for v in (s0.window_tuples, s0.tuples, s0.lam,
+                                                                         s0.kappa))
+        return st
+
+    hist = pd.DataFrame([r for k in range(16) for r in snap(k).to_rows()], columns=list(ROW_COLUMNS))
+    strategies = ("fixed", "greedy", "dppick", "dppick_nosmooth", "oracle")
+    orders = [list(permutations(q.stream_names))[i] for i in (0, 11, 23)]
+    loop = CycleLoop(q, LoopSettings(strategies=strategies, length=60, cycle=CYCLE), orders)
+    deploys = skipped = 0
+    for k in range(13, 16):
+        c = EPOCH0 + k * CYCLE
+        h = hist[pd.to_datetime(hist["cycle_start"], utc=True) < pd.Timestamp(c + CYCLE, unit="s", tz="UTC")]
+        loop.record_batch(oracle_stats=snap(k))
+        before = dict(loop.active)
+        rec = loop.step(h, c)
+        assert rec["stats_gate"] == rec["forecast_gate"] == "passed"
+        st = {"forecast": forecast(h, c + CYCLE, length=60).statistics, "last_value": last_value(h, c + CYCLE, length=60)}
+        asked = set()
+        for (o, s), old in before.items():
+            if s in ("fixed", "oracle"):
+                assert loop.active[(o, s)] == old
+                continue
+            optimizer, source = RECIPES[s]
+            cand = optimize(q, st[source], optimizer, cost_model=loop.model)
+            ck = plan_key(cand)
+            assert loop.ungated_active[(o, s)] == ck
+            if old == ck:  # the candidate is the active plan: no outcome of the gate changes it
+                assert loop.active[(o, s)] == old
+                skipped += o != orders[0]
+            else:
+                res = check_plan(q, cand, active=loop.plans[old], config=loop.gate_config,
+                                 cost_fn=lambda p, x=st[source]: plan_cost(q, x, p, loop.model))
+                want = ck if res.passed else old
+                assert loop.active[(o, s)] == want, (k, o, s, res.status)
+                deploys += want != old
+            if o == orders[0] or old != ck:
+                asked.add((source, ck, old))
+        assert rec["plan_gate_calls"] == len(asked)
+    assert deploys > 0 and skipped > 0  # both paths ran
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,10 @@ the forecast, and the new plan runs from the next batch on. :class:`CycleLoop` d
       -> per strategy: optimize -> plan gate against its active plan (hysteresis) -> active for batch k+1
 
 A failed statistics or forecast gate keeps every strategy's active plan; ``no_change`` from the plan gate
-keeps the strategy's. ``dppick_nosmooth`` optimizes on the last cycle's values (no forecast, so no forecast
+keeps the strategy's. Per strategy the plan gate is called (and timed) every cycle for the first initial order's
+active plan, as the DAG calls it for its one plan; for the other initial orders it is called once per distinct
+(statistics, candidate, active plan), shared by the strategies (its outcome depends on nothing else), and not at
+all where the active plan is the candidate (no outcome changes it). ``dppick_nosmooth`` optimizes on the last cycle's values (no forecast, so no forecast
 gate: the statistics gate has checked those values); ``oracle`` is ``exact`` on batch k+1's own measured
 statistics (hindsight: no gate, re-planned every cycle); ``fixed`` is never re-planned. Before the first
 deploy every strategy runs its initial order, as the paper's operator does.
@@ -120,9 +123,8 @@ class CycleLoop:
         """Cycle ``[cycle_start, cycle_start + tau)`` has landed and its statistics are in ``history`` (tidy rows of
         the last L cycles up to it): gate, forecast, gate, and per strategy optimize and gate. Returns the cycle's
         record (seconds per step, gate outcomes, deploys)."""
-        from .cost import plan_cost
         from .forecast import forecast, last_value
-        from .gates import check_forecast, check_plan, check_statistics
+        from .gates import check_forecast, check_statistics
         from .optimize import optimize
 
         q, cfg, tau = self.query, self.gate_config, self.settings.cycle
@@ -150,6 +152,7 @@ class CycleLoop:
             rec["seconds"]["last_value"] = time.perf_counter() - t
         from .evaluate import RECIPES
 
+        gate_cache: dict = {}  # (statistics source, candidate, active) -> GateResult, shared by the strategies
         for name in self.settings.strategies:
             optimizer, source = RECIPES[name]
             if name in ("fixed", "oracle"):
@@ -163,26 +166,45 @@ class CycleLoop:
             cand = optimize(q, st, optimizer, cost_model=self.model)
             srec["optimize_seconds"] = time.perf_counter() - t
             ck = self._keep(cand)
-            gate_cache: dict = {}
-            for o in self.orders:  # the gate runs once per distinct active plan (the same for most orders)
+            outcomes = set()
+            for i, o in enumerate(self.orders):
                 k = (o, name)
                 self.ungated_active[k] = ck
                 act = self.active[k]
-                if act not in gate_cache:
+                ckey = (source, ck, act)
+                if i == 0:
+                    # the loop's own plan gate, called and timed every cycle as the DAG calls it for its one active
+                    # plan (also when the candidate has the active plan's orders)
                     t = time.perf_counter()
-                    res = check_plan(q, cand, active=self.plans[act], config=cfg,
-                                     cost_fn=lambda p, st=st: plan_cost(q, st, p, self.model))
-                    gate_cache[act] = res
-                    srec.setdefault("plan_gate_seconds", time.perf_counter() - t)
-                res = gate_cache[act]
+                    gate_cache[ckey] = self._gate(cand, act, st)
+                    srec["plan_gate_seconds"] = time.perf_counter() - t
+                elif act == ck:
+                    srec["no_change"] += 1  # whatever the gate says, the active plan stays: no call needed
+                    continue
+                elif ckey not in gate_cache:
+                    # the outcome depends only on the two plans' orders and the statistics they are costed under:
+                    # once per distinct (statistics, candidate, active), whichever strategy or initial order asks
+                    gate_cache[ckey] = self._gate(cand, act, st)
+                res = gate_cache[ckey]
+                outcomes.add(res.status)
                 if res.passed and act != ck:
                     self.active[k] = ck
                     srec["deploys"] += 1
                 else:
                     srec["no_change"] += 1
-            srec["gate_outcomes"] = sorted({r.status for r in gate_cache.values()})
+            srec["gate_outcomes"] = sorted(outcomes)
+        rec["plan_gate_calls"] = len(gate_cache)
         self.cycles.append(rec)
         return rec
+
+    def _gate(self, cand, active_key, st):
+        """Gate 4 on ``cand`` against the active plan ``active_key``, both costed under ``st`` (the hysteresis)."""
+        from .cost import plan_cost
+        from .gates import check_plan
+
+        q = self.query
+        return check_plan(q, cand, active=self.plans[active_key], config=self.gate_config,
+                          cost_fn=lambda p: plan_cost(q, st, p, self.model))
 
     def schedules(self, batches: list) -> Schedules:
         return Schedules(batches=batches, gated=self.gated, ungated=self.ungated, plans=self.plans,
