@@ -174,7 +174,7 @@ def markdown(r: dict) -> str:
         out.append(f"\n**{label}**: {doc['input_tuples']:,} input tuples (CSV copies for Flink made in "
                    f"{doc['csv_conversion_seconds']:.1f} s, not timed)\n")
         out.append("| system | end to end (s), median [min, max] | input tuples/s | result rows | same rows as DuckDB "
-                   "(fingerprint) | peak RSS (GB) | state (tuples) | mjoin's advantage |")
+                   "(fingerprint) | peak RSS (GB) | state (tuples) | time / mjoin's |")
         out.append("|---|---|---|---|---|---|---|---|")
         for n, sy in doc["systems"].items():
             if "error" in sy:
@@ -190,9 +190,30 @@ def markdown(r: dict) -> str:
     return "\n".join(out)
 
 
+def results_section(paths: list) -> str:
+    """The README's results: per results file a heading with its provenance, then :func:`markdown`'s tables."""
+    from pathlib import Path
+
+    out = []
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        m = r.get("machine", {})
+        p = r.get("parameters", {})
+        what = ", ".join(str(x) for x in p.get("sections", []))
+        out.append(f"\n### `{Path(path).name}` ({r.get('mode')}: {what}; sf {', '.join(f'{x:g}' for x in p.get('sf', []))})\n")
+        out.append(f"{r.get('date', '?')[:16]} UTC, commit {r.get('git_commit')}, {r.get('seconds_total', 0) / 60:.0f} min, "
+                   f"load average {m.get('load_average', ['?'])[0]:.1f} before, "
+                   f"{r.get('load_average_after', ['?'])[0]:.1f} after, {m.get('cpus', '?')} cores; "
+                   f"`{r.get('command', '').split('run_evaluation.py', 1)[-1].strip()}`")
+        out.append(markdown(r))
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    doc = json.loads(open(sys.argv[1]).read())
-    if "--markdown" in sys.argv:
-        print(markdown(doc))
+    if "--readme" in sys.argv:
+        print(results_section([a for a in sys.argv[1:] if not a.startswith("--")]))
     else:
-        print_summary(doc)
+        doc = json.loads(open(sys.argv[1]).read())
+        print(markdown(doc) if "--markdown" in sys.argv else "", end="")
+        if "--markdown" not in sys.argv:
+            print_summary(doc)
