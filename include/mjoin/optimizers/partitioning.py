@@ -57,6 +57,8 @@ class Cells:
     stats: Statistics
     folds: tuple | None = None  # (even cycles, odd cycles)
     cycles: int = 0
+    _cost_matrix: tuple | None = field(default=None, repr=False)  # cost_rule's per-bucket costs (cached)
+    _fold_cells: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_rows(cls, kind: str, rule: dict, rows) -> "Cells":
@@ -188,18 +190,28 @@ def rate_matrix(cells: Cells, streams) -> np.ndarray:
     return np.array([[cells.stats.groups[b].streams[s].lam for s in streams] for b in range(num_groups(cells.rule))])
 
 
+def rank_vectors(lam: np.ndarray) -> np.ndarray:
+    """Per row, the rank (1 = slowest) of each stream's rate; tied rates share their mean rank."""
+    srt = np.sort(lam, axis=1)
+    out = np.empty_like(lam, dtype=float)
+    for i in range(len(lam)):
+        lo = np.searchsorted(srt[i], lam[i], side="left")
+        hi = np.searchsorted(srt[i], lam[i], side="right")
+        out[i] = (lo + hi + 1) / 2.0
+    return out
+
+
 def rate_rule(cells: Cells, D: int, streams, seed: int = SEED) -> dict | None:
     """PMJoin's rate-based rule: per bucket the rank vector of the streams' rates (ties: mean rank),
     clustered into ``D`` groups by k-means (``kmeans2``, k-means++ start, fixed seed); buckets without
     tuples join the largest group."""
     from scipy.cluster.vq import kmeans2
-    from scipy.stats import rankdata
 
     lam = rate_matrix(cells, streams)
     busy = lam.sum(axis=1) > 0
     if D < 2 or busy.sum() < 2:
         return None
-    ranks = np.apply_along_axis(rankdata, 1, lam[busy]) / lam.shape[1]
+    ranks = rank_vectors(lam[busy]) / lam.shape[1]
     k = min(D, len(np.unique(ranks, axis=0)))
     if k < 2:
         return None
@@ -224,25 +236,29 @@ def cost_rule(cells: Cells, D: int, query, strategy, model) -> dict | None:
     over buckets of the cheapest chosen set's cost (``lambda``-weighted, Eq. 1-8); each bucket in the group of
     its cheapest chosen set."""
     n = num_groups(cells.rule)
-    problems = [JoinProblem.from_statistics(query, cells.stats, b) for b in range(n)]
-    busy = [b for b in range(n) if problems[b].lam.sum() > 0]
-    if D < 2 or len(busy) < 2:
+    if D < 2:
         return None
-    sets, index = [], {}
-    for b in busy:
-        o = best_orders(query, problems[b], strategy, model)
-        key = tuple(tuple(map(tuple, o[s])) for s in range(problems[b].n))
-        if key not in index:
-            index[key] = len(sets)
-            sets.append(o)
-    if len(sets) < 2:
+    key = (strategy, model)
+    if cells._cost_matrix is None or cells._cost_matrix[0] != key:  # the same for every D: computed once
+        problems = [JoinProblem.from_statistics(query, cells.stats, b) for b in range(n)]
+        busy = [b for b in range(n) if problems[b].lam.sum() > 0]
+        sets, index = [], {}
+        for b in busy:
+            o = best_orders(query, problems[b], strategy, model)
+            sig = tuple(tuple(map(tuple, o[s])) for s in range(problems[b].n))
+            if sig not in index:
+                index[sig] = len(sets)
+                sets.append(o)
+        M = np.array([[sum(problems[b].lam[s] * order_cost(problems[b], model, s, o[s])
+                           for s in range(problems[b].n)) for o in sets] for b in busy]) if len(sets) > 1 else None
+        cells._cost_matrix = (key, busy, M)
+    _, busy, M = cells._cost_matrix
+    if M is None or len(busy) < 2:
         return None
-    M = np.array([[sum(problems[b].lam[s] * order_cost(problems[b], model, s, o[s]) for s in range(problems[b].n))
-                   for o in sets] for b in busy])
     chosen = [int(M.sum(axis=0).argmin())]
     best = M[:, chosen[0]].copy()
     while len(chosen) < D:
-        gains = np.array([np.minimum(best, M[:, u]).sum() for u in range(len(sets))])
+        gains = np.array([np.minimum(best, M[:, u]).sum() for u in range(M.shape[1])])
         u = int(gains.argmin())
         if u in chosen or gains[u] >= best.sum() * (1 - 1e-9):
             break
@@ -284,7 +300,9 @@ def price(query, rule: dict | None, fit: Cells, evaluate: Statistics, cell_rule:
 
 
 def _fold(cells: Cells, k: int) -> Cells:
-    return Cells(cells.kind, cells.rule, cells.folds[k], None, 0)
+    if k not in cells._fold_cells:
+        cells._fold_cells[k] = Cells(cells.kind, cells.rule, cells.folds[k], None, 0)
+    return cells._fold_cells[k]
 
 
 def choose(query, cells: dict, strategy: str = "exact", *, methods=METHODS, counts=GROUP_COUNTS, cost_model=None,
