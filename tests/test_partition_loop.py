@@ -67,6 +67,15 @@ def test_after_a_rule_change_the_forecast_sees_every_cycle_regrouped_exactly(spa
     assert fc.report["value"].to_numpy() == pytest.approx(ref.report["value"].to_numpy())
     blind = forecast(read_history(mixed, q.name, meta=True), iso(T0 + 180), length=15)
     assert blind.statistics.meta["cycles_used"] == 3 and "another partitioning ignored" in blind.statistics.meta["notes"][0]
+    # the command: key groups from the same history's cells (here rate-based, D = 2 as asked)
+    from mjoin.cli import main
+    from mjoin.plan import load_plan
+
+    out = tmp_path / "plan.json"
+    assert main(["optimize", "--query", q.source_path, "--key-groups", mixed, "--strategy", "exact",
+                 "--partition-method", "rate", "--partition-groups", "2", "--out", str(out)]) == 0
+    plan = load_plan(out, q)
+    assert plan.partitioning["method"] == "table" and plan.group_ids == [0, 1] and plan.source["key_groups"]
 
 
 def test_the_loop_chooses_key_groups_gates_them_and_forecasts_them_next_run(spark, stripes, tmp_path):
