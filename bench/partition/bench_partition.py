@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     q = args.quick
     args.intervals = args.intervals or (2 if q else 4)
     args.rounds = args.rounds or (1 if q else 3)
-    args.rate = args.rate or (120.0 if q else 640.0)
+    args.rate = args.rate or (480.0 if q else 640.0)
     args.sf = args.sf or (0.1 if q else 1.0)
     args.tpcds_rate = args.tpcds_rate or (200.0 if q else 1000.0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
