@@ -55,9 +55,9 @@ def plans_of(q) -> dict:
 
 def test_any_rule_and_d_give_the_results_of_one_group(spark, workload, tmp_path):
     root, q = workload
-    plans = plans_of(q)
+    plans = {k: v for k, v in plans_of(q).items() if k != "range3"}  # range: the next two tests
     summaries = run_interval_plans(spark, q, plans, Lake(str(root)), START, END, CYCLE, str(tmp_path),
-                                   config=EngineConfig(buckets=4))
+                                   config=EngineConfig(buckets=2))
     prints = {name: result_fingerprint(s.results_path) for name, s in summaries.items()}
     assert prints["one"]["rows"] > 100
     assert all(p == prints["one"] for p in prints.values()), prints
@@ -83,7 +83,7 @@ def test_a_rule_change_at_a_batch_boundary_touches_no_state(spark, workload, tmp
     the same results, and after every batch the same state (state tuples and keys per bucket; rows at the end)."""
     root, q = workload
     plans = plans_of(q)
-    config = EngineConfig(buckets=4)
+    config = EngineConfig(buckets=2)
     runs = {"one": ["one"] * 4, "changing": ["hash4", "table5", "range3", "one"]}
     before = apply_engine_conf(spark)
     out = {}
@@ -135,13 +135,13 @@ def test_streaming_picks_up_rule_changes_at_batch_boundaries(spark, workload, tm
     monkeypatch.setattr(stream.StreamJob, "process", process_then_change_plan)
     n_files = sum(1 for _ in (tmp_path / "lake" / "streams").rglob("*.parquet"))
     s = run_stream(spark, q, lake, plan=str(cli_plan),
-                   config=EngineConfig(buckets=4, max_files_per_trigger=-(-n_files // 4)))
+                   config=EngineConfig(buckets=2, max_files_per_trigger=-(-n_files // 4)))
     assert s.batches == [0, 1, 2, 3]
     records = read_metrics(lake, q.name)
     assert [r["plan_version"] for r in records] == [None, 1, 2, 3]
     for r, name in zip(records, ["one"] + order):
         assert {c["group"] for c in r["chains"]} == set(plans[name].group_ids)
     one = run_interval(spark, q, plans["one"], Lake(str(root)), T0, T0 + 181, 181, str(tmp_path / "ref"),
-                       config=EngineConfig(buckets=4))
+                       config=EngineConfig(buckets=2))
     ref = result_fingerprint(one.results_path)
     assert ref["rows"] > 100 and result_fingerprint(lake, q.name) == ref
