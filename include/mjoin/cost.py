@@ -390,14 +390,14 @@ def plan_costs(query, stats, plan, cost_model=None) -> tuple[dict, dict]:
     return costs, totals
 
 
-def plan_cost(query, stats, plan, cost_model=None, overhead: "GroupOverhead | None" = None) -> float:
+def plan_cost(query, stats, plan, cost_model=None, overhead: "GroupOverhead | None" = None, cells=None) -> float:
     """Expected cost per second of ``plan`` under ``stats``: ``sum_g sum_s lambda_s C_s``, plus, with
-    ``overhead``, the cost of its extra probe chains (:func:`group_overhead`; 0 for one group).
+    ``overhead``, the cost of its extra probe chains (:func:`group_overhead`, ``cells`` as there; 0 for one group).
 
     What the plan gate compares (active plan vs candidate, each under statistics of its own key groups)."""
     total = float(sum(plan_costs(query, stats, plan, cost_model)[1].values()))
     if overhead is not None and plan.partitioning:
-        total += group_overhead(query, stats, overhead, cost_model)
+        total += group_overhead(query, stats, overhead, cost_model, cells=cells)
     return total
 
 
@@ -413,14 +413,14 @@ SECONDS_PER_UNIT = 3.5e-9
 class GroupOverhead:
     """What one more probe chain costs the engine, and how often it runs one.
 
-    The engine probes a batch's new tuples of a stream in one key bucket as one chain per key group
-    present among them (docs/engine.md, "Partitioned plans"): each chain pays its ``n - 1`` vectorised
-    lookups' fixed cost (``per_call`` seconds each, the calibration's ``overhead_seconds_per_call``) and
-    the chain's own fixed cost (``per_chain`` seconds: building its groups, materialising, its metrics),
-    whatever its size. ``batch_seconds`` and ``buckets`` say how many (bucket, batch) pairs a second of
-    input is cut into."""
+    The engine probes a batch's new tuples of a stream in one key bucket (``pmod(key, buckets)``) as one
+    chain per key group present among them (docs/engine.md, "Partitioned plans"): each chain pays its
+    ``n - 1`` vectorised lookups' fixed cost (``per_call`` seconds each, the calibration's
+    ``overhead_seconds_per_call``) and the chain's own fixed cost (``per_chain`` seconds: building its
+    groups, gathering, its metrics), whatever its size. ``batch_seconds`` and ``buckets`` say how many
+    (bucket, batch) pairs a second of input is cut into."""
 
-    per_chain: float = 60e-6  # s; measured on this engine (bench/partition), refit from metrics in the loop
+    per_chain: float = 150e-6  # s; measured on this engine (bench/partition), refit from metrics in the loop
     per_call: float = 54e-6  # s; the calibration's per-call overhead (docs/optimizer.md)
     batch_seconds: float = 10.0
     buckets: int = 16
@@ -442,23 +442,44 @@ class GroupOverhead:
         return cls(**kw)
 
 
-def expected_chains(lam_by_group, batch_seconds: float, buckets: int) -> float:
-    """Expected probe chains per second of one stream: per (bucket, batch), one per group with at least one
-    new tuple there, ``1 - exp(-lambda_g T / b)`` (Poisson arrivals spread evenly over the ``b`` buckets)."""
-    lam = np.maximum(np.asarray(list(lam_by_group), dtype=float), 0.0)
-    per = lam * float(batch_seconds) / max(int(buckets), 1)
-    return float(np.sum(-np.expm1(-per))) * max(int(buckets), 1) / float(batch_seconds)
+def expected_chains(lam, batch_seconds: float) -> float:
+    """Expected probe chains per second for the rates ``lam[bucket, group]`` (tuples/s of one stream): per
+    (bucket, batch), one chain per group with at least one new tuple there, ``1 - exp(-lambda T)`` (Poisson)."""
+    lam = np.maximum(np.asarray(lam, dtype=float), 0.0)
+    return float(np.sum(-np.expm1(-lam * float(batch_seconds)))) / float(batch_seconds)
 
 
-def group_overhead(query, stats, overhead: GroupOverhead, cost_model=None) -> float:
-    """The extra chains of ``stats``' key groups over one group, per second, times a chain's cost, in the cost
-    model's units (seconds when it is calibrated, else units of :data:`SECONDS_PER_UNIT`)."""
-    model = resolve_cost_model(cost_model)
+def bucket_group_rates(query, stats, buckets: int, cells=None) -> dict:
+    """``{stream: lambda[engine bucket, group]}``. With ``cells`` (``(cell statistics, cell rule)`` of
+    ``pmod(key, B)`` buckets, ``buckets | B``, and ``stats.partitioning``'s groups unions of them), exact: a
+    cell lies in one engine bucket. Otherwise each group's rate spread evenly over the buckets (as for a range
+    rule, whose key ranges span every bucket)."""
     groups = sorted(stats.groups)
+    nb = max(int(buckets), 1)
+    if cells is not None:
+        from .stats.cells import cell_map
+
+        cstats, crule = cells
+        mapping = cell_map(crule, stats.partitioning) if crule.get("method") == "hash" else None
+        if mapping is not None and int(crule["groups"]) % nb == 0:
+            out = {}
+            for s in query.stream_names:
+                m = np.zeros((nb, len(groups)))
+                for c, gs in cstats.groups.items():
+                    m[c % nb, groups.index(int(mapping[c]))] += gs.streams[s].lam if s in gs.streams else 0.0
+                out[s] = m
+            return out
+    return {s: np.tile(np.array([stats.lam(s, g) for g in groups]) / nb, (nb, 1)) for s in query.stream_names}
+
+
+def group_overhead(query, stats, overhead: GroupOverhead, cost_model=None, cells=None) -> float:
+    """The extra chains of ``stats``' key groups over one group, per second, times a chain's cost, in the cost
+    model's units (seconds when it is calibrated, else units of :data:`SECONDS_PER_UNIT`). ``cells``: see
+    :func:`bucket_group_rates` (a hash rule with ``D | buckets`` then puts one group in each engine bucket:
+    no extra chain at all)."""
+    model = resolve_cost_model(cost_model)
     extra = 0.0
-    for s in query.stream_names:
-        lam = [stats.lam(s, g) for g in groups]
-        extra += (expected_chains(lam, overhead.batch_seconds, overhead.buckets)
-                  - expected_chains([sum(lam)], overhead.batch_seconds, overhead.buckets))
+    for m in bucket_group_rates(query, stats, overhead.buckets, cells).values():
+        extra += expected_chains(m, overhead.batch_seconds) - expected_chains(m.sum(axis=1), overhead.batch_seconds)
     seconds = max(extra, 0.0) * overhead.chain_seconds(len(query.stream_names))
     return seconds if model.calibrated else seconds / SECONDS_PER_UNIT
