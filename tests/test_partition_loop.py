@@ -24,7 +24,7 @@ NUM = ["lambda", "kappa", "window_tuples", "tuples", "gamma", "mu", "q", "m", "s
 
 @pytest.fixture(scope="module")
 def stripes(tmp_path_factory):
-    """The stripes preset (s1 hot on key stripes 0-11 mod 32, s2 on 16-27, drifting), landed in a lake."""
+    """The stripes preset (s1 hot on key stripes 0-13 mod 32, s2 on 16-29, drifting), landed in a lake."""
     from mjoin.query import load_query
     from mjoin.workloads import generate_synthetic, land
 

@@ -25,8 +25,8 @@ groups; every plan's results must have the same count and fingerprint (``result_
 Workloads:
 
 - ``stripes``: the generator's ``stripes`` preset (``python -m mjoin generate synthetic --schedule stripes``): key
-  residues mod 32 are stripes, s1 hot on 12 of them and s2 on 12 others (10^9 x), s0 uniform and dense, s3
-  uniform and sparse; the hot stripes drift by 4 over the run. s0's tuples must probe s2 first on s1's stripes
+  residues mod 32 are stripes, s1 hot on 14 of them and s2 on 14 others (10^9 x), s0 uniform and dense, s3
+  uniform and sparse; the hot stripes drift by 2 over the run. s0's tuples must probe s2 first on s1's stripes
   and s1 first on s2's: one order fetches the hot stream's key list for a part of them. A key hot in one striped
   stream is cold in the other, so there are next to no results (their equality is checked all the same; the
   TPC-DS part and tests/test_partition_engine.py compare non-empty results).

@@ -720,9 +720,11 @@ def check_plan(cfg: LoopConfig, ctx: dict) -> dict:
     active = PlanRegistry(cfg.lake_, query.name).active(query)
     model = cost_model_path(cfg)
     overhead = group_overhead(cfg, query, ctx["run_dir"])
+    buckets = key_group_cells(cfg, ctx, query).get("buckets")  # the overhead per engine bucket, as priced
+    cells = (buckets.stats, buckets.rule) if buckets else None
     result = gate(query, fsutil.join(ctx["run_dir"], "candidate_plan.json"), active=active,
                   cost_fn=lambda p: plan_cost(query, stats_for_rule(cfg, ctx, query, p.partitioning), p, model,
-                                              overhead),
+                                              overhead, cells=cells),
                   config=_gate_config(cfg))
     brief = _finish_gate(result, ctx, "plan")
     brief["active_version"] = active.version if active else None
