@@ -412,8 +412,9 @@ def summarize(rows: list[dict]) -> list[dict]:
         a = acc.setdefault((r["initial_order"], r["strategy"]), {
             "initial_order": r["initial_order"], "strategy": r["strategy"], "intervals": 0, "batch_seconds": 0.0,
             "probe_seconds": 0.0, "probe_work": 0, "lookups": 0, "matches": 0, "regret_work": 0,
-            "regret_estimated": 0.0, "plan_changes": 0, "_last": None})
+            "regret_estimated": 0.0, "plan_changes": 0, "key_groups": [], "_last": None})
         a["intervals"] += 1
+        a["key_groups"].append(int(r.get("key_groups") or 1))  # per interval: how many groups its plan had
         for f in ("batch_seconds", "probe_seconds", "probe_work", "lookups", "matches"):
             a[f] += r[f]
         o = oracle.get((r["initial_order"], r["interval"]))
