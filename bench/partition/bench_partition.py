@@ -80,7 +80,7 @@ def stripes_workload(work: Path, args):
     from mjoin.query import load_query
     from mjoin.workloads import generate_synthetic, land
 
-    window, period = 120, args.period
+    window, period = args.window, args.period
     duration = window + period + args.intervals * period
     generate_synthetic(work / "stripes", streams=4, duration=f"{duration}s", schedule="stripes", rate=args.rate,
                        domain=512, window=f"{window}s", cycle="10s", seed=args.seed)
@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     p.add_argument("--period", type=int, default=60, help="interval length, seconds (default 60)")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--rate", type=float, default=None, help="stripes: base rate (s1, s2 tuples/s)")
+    p.add_argument("--window", type=int, default=120, help="stripes: every stream's window, seconds (default 120)")
     p.add_argument("--sf", type=float, default=None, help="tpcds: scale factor")
     p.add_argument("--tpcds-rate", type=float, default=None, help="tpcds: replay rate, tuples/s")
     p.add_argument("--length", type=int, default=30, help="L: cycles the forecasts read")
