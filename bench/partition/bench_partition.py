@@ -324,6 +324,7 @@ def main(argv=None) -> int:
     p.add_argument("--tpcds-rate", type=float, default=None, help="tpcds: replay rate, tuples/s")
     p.add_argument("--length", type=int, default=30, help="L: cycles the forecasts read")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--tag", default="", help="suffix of the result files (partition-<tag>.json)")
     p.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
     args = p.parse_args(argv)
     q = args.quick
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
            "load_after": os.getloadavg(), "git_commit": git_commit(PROJECT), "versions": versions(),
            "parameters": {k: v for k, v in vars(args).items() if k != "work"},
            "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "workloads": workloads}
-    out = HERE / "results" / ("partition-quick.json" if q else "partition.json")
+    out = HERE / "results" / (("partition-quick" if q else "partition") + (f"-{args.tag}" if args.tag else "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
     plot(doc, out.with_suffix(".png"))
