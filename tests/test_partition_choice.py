@@ -196,12 +196,21 @@ def test_group_overhead_counts_the_extra_probe_chains(k4):
 
 
 def test_chain_overhead_is_measured_from_the_engines_metrics():
-    recs = [{"chains": [{"results": 3, "cpu_seconds": 0.010 + 0.001 * i, "materialise_seconds": 0.001,
-                         "steps": [{"calls": 20, "cpu_seconds": 0.004}, {"calls": 5, "cpu_seconds": 0.002}]}
-                        for i in range(30)] + [{"results": 0, "cpu_seconds": 5.0, "steps": []}]}]
-    per = chain_overhead_from_metrics(recs)
-    assert per == pytest.approx((0.010 + 0.001 * 14.5 - 0.006 - 0.001) / 20)
-    assert chain_overhead_from_metrics(recs[:0]) is None
+    """A chain's fixed CPU (besides its steps) per run, apart from its materialising's per-result part."""
+    rng = np.random.default_rng(0)
+    per_chain, per_row = 2e-4, 1e-7  # what a chain run and a result row cost besides the steps
+    recs = []
+    for b in range(12):
+        chains = []
+        for s in range(4):
+            runs, results = int(rng.integers(8, 17)), int(rng.integers(0, 5000))
+            steps = [{"calls": runs, "cpu_seconds": 0.004}, {"calls": runs // 2, "cpu_seconds": 0.002}]
+            cpu = 0.006 + per_chain * runs + per_row * results + rng.normal(0, 2e-5)
+            chains.append({"results": results, "cpu_seconds": cpu, "materialise_seconds": per_row * results + 1e-3,
+                           "steps": steps})
+        recs.append({"chains": chains + [{"results": 0, "cpu_seconds": 5.0, "steps": []}]})  # ran in no bucket
+    assert chain_overhead_from_metrics(recs) == pytest.approx(per_chain, rel=0.05)
+    assert chain_overhead_from_metrics(recs[:4]) is None  # 16 chain records: too few
 
 
 # ---- the loop's params -------------------------------------------------------------------------------

@@ -83,12 +83,12 @@ def stripes_workload(work: Path, args):
     window, period = args.window, args.period
     duration = window + period + args.intervals * period
     generate_synthetic(work / "stripes", streams=4, duration=f"{duration}s", schedule="stripes", rate=args.rate,
-                       domain=512, window=f"{window}s", cycle="10s", seed=args.seed)
+                       domain=args.domain, window=f"{window}s", cycle="10s", seed=args.seed)
     lake = Lake(str(work / "stripes-lake"))
     land(work / "stripes", lake, None)
     t0 = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp())
     first = t0 + window + period  # a full window of state and one period of statistics before the first interval
-    params = {"schedule": "stripes", "rate": args.rate, "domain": 512, "window_s": window, "duration_s": duration,
+    params = {"schedule": "stripes", "rate": args.rate, "domain": args.domain, "window_s": window, "duration_s": duration,
               "seed": args.seed}
     return load_query(str(work / "stripes" / "query.yaml")), lake, t0, first, params
 
@@ -200,6 +200,7 @@ def calibrate_here(spark, q, lake, t, t_end, plans, work, config):
     overhead = GroupOverhead.for_model(model, batch_seconds=10.0, buckets=config.buckets,
                                        **({"per_chain": per_chain} if per_chain is not None else {}))
     calib["group_overhead"] = overhead.to_json()
+    calib["chain_seconds"] = overhead.chain_seconds(len(q.stream_names))  # what the choice prices a chain at
     return model, overhead, calib
 
 
@@ -270,19 +271,34 @@ def run_workload(spark, name, args, work: Path) -> dict:
 def summarise_workload(intervals) -> dict:
     names = list(intervals[0]["plans"])
     tot = {n: {k: sum(iv["plans"][n][k] for iv in intervals if n in iv["plans"])
-               for k in ("batch_seconds", "task_cpu_seconds", "probe_work", "chains")} for n in names}
+               for k in ("batch_seconds", "task_cpu_seconds", "chain_cpu_seconds", "probe_cpu_seconds", "probe_work",
+                         "chains")} for n in names}
     # spread: each round's total (rounds are aligned by index)
     for n in names:
         runs = [iv["plans"][n]["task_cpu_seconds_runs"] for iv in intervals if n in iv["plans"]]
         tot[n]["task_cpu_seconds_rounds"] = [sum(r[i] for r in runs) for i in range(min(len(r) for r in runs))]
     best_single = min(("D1", "D1_oracle"), key=lambda n: tot[n]["task_cpu_seconds"])
+    # what a chain more costs the tasks, its lookups' fixed cost included: task CPU = a_interval + b chains + c probe
+    # work (least squares over every interval and distinct plan), to compare with the priced chain cost
+    import numpy as np
+
+    X, y = [], []
+    for k, iv in enumerate(intervals):
+        for n, p in iv["plans"].items():
+            if p.get("same_plan_as"):
+                continue
+            X.append([float(j == k) for j in range(len(intervals))] + [p["chains"], p["probe_work"]])
+            y.append(p["task_cpu_seconds"])
+    coef = np.linalg.lstsq(np.asarray(X), np.asarray(y), rcond=None)[0] if len(y) > len(intervals) + 2 else None
     chosen = tot["chosen"]["task_cpu_seconds"]
     return {"totals": tot, "best_single_group": best_single,
             "chosen_vs_best_single_task_cpu": chosen / tot[best_single]["task_cpu_seconds"] - 1,
             "chosen_vs_D1_task_cpu": chosen / tot["D1"]["task_cpu_seconds"] - 1,
             "chosen_vs_D1_batch_seconds": tot["chosen"]["batch_seconds"] / tot["D1"]["batch_seconds"] - 1,
             "chosen_groups": [iv["plans"]["chosen"]["groups"] for iv in intervals],
-            "chosen_methods": [iv["plans"]["chosen"]["method"] for iv in intervals]}
+            "chosen_methods": [iv["plans"]["chosen"]["method"] for iv in intervals],
+            "chain_task_cpu_marginal_seconds": None if coef is None else float(coef[-2]),
+            "probe_work_task_cpu_marginal_seconds": None if coef is None else float(coef[-1])}
 
 
 def plot(doc, path: Path) -> None:
@@ -320,6 +336,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--rate", type=float, default=None, help="stripes: base rate (s1, s2 tuples/s)")
     p.add_argument("--window", type=int, default=120, help="stripes: every stream's window, seconds (default 120)")
+    p.add_argument("--domain", type=int, default=512, help="stripes: distinct keys (default 512)")
     p.add_argument("--sf", type=float, default=None, help="tpcds: scale factor")
     p.add_argument("--tpcds-rate", type=float, default=None, help="tpcds: replay rate, tuples/s")
     p.add_argument("--length", type=int, default=30, help="L: cycles the forecasts read")
@@ -361,7 +378,9 @@ def main(argv=None) -> int:
         s = w["summary"]
         print(f"{w['workload']}: loop's choice {s['chosen_methods']} D={s['chosen_groups']}; task CPU "
               f"{s['chosen_vs_best_single_task_cpu']:+.1%} vs the best one-group plan ({s['best_single_group']}), "
-              f"{s['chosen_vs_D1_task_cpu']:+.1%} vs D1; engine time {s['chosen_vs_D1_batch_seconds']:+.1%} vs D1")
+              f"{s['chosen_vs_D1_task_cpu']:+.1%} vs D1; engine time {s['chosen_vs_D1_batch_seconds']:+.1%} vs D1; "
+              f"a chain costs {s['chain_task_cpu_marginal_seconds'] or float('nan'):.3g} s of task CPU "
+              f"(priced {w['calibration']['chain_seconds']:.3g} s)")
     print(f"wrote {out}")
     return 0
 

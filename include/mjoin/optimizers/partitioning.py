@@ -394,13 +394,18 @@ def choose(query, cells: dict, strategy: str = "exact", *, methods=METHODS, coun
 # ---- the engine's per-group overhead from its metrics ------------------------------------------------
 
 def chain_overhead_from_metrics(records, *, min_chains: int = 20) -> float | None:
-    """Seconds of CPU one probe chain costs besides its steps (building its groups, materialising, metrics).
+    """Seconds of CPU one probe chain costs besides its steps: selecting its tuples and building their groups,
+    the fixed part of materialising and of building its output tables, its metrics.
 
     A batch's metrics hold one chain record per (stream, group), summed over the buckets that ran it; its
-    first step's ``calls`` counts those runs. Per record: (chain CPU - its steps' CPU - its materialising
-    time, which grows with its results, not with the chains) / runs; the median over the records. None with
-    fewer than ``min_chains`` of them."""
-    vals = []
+    first step's ``calls`` counts those runs. Per record, its CPU less its steps' is ``per_chain runs + b
+    rows_out`` (``rows_out``: its results and partial results, whose materialising grows with them); both fitted
+    by non-negative least squares over the records (``scipy.optimize.nnls``), ``per_chain`` returned. Not the
+    materialising time subtracted whole: a materialising that builds small tables costs mostly per call, and
+    that is the cost a chain more adds. None with fewer than ``min_chains`` records."""
+    from scipy.optimize import nnls
+
+    rows, ys = [], []
     for r in records or ():
         for c in r.get("chains", []):
             steps = c.get("steps") or []
@@ -408,11 +413,15 @@ def chain_overhead_from_metrics(records, *, min_chains: int = 20) -> float | Non
             runs = int((steps[0].get("calls") or 0) if steps else 0)
             if runs <= 0 or c.get("cpu_seconds") is None:
                 continue
-            vals.append((float(c["cpu_seconds"]) - sum(float(st.get("cpu_seconds") or 0.0) for st in steps)
-                         - float(c.get("materialise_seconds") or 0.0)) / runs)
-    if len(vals) < min_chains:
+            out = float(c.get("results") or 0) + float(c.get("partials") or 0)
+            rows.append((runs, out))
+            ys.append(float(c["cpu_seconds"]) - sum(float(st.get("cpu_seconds") or 0.0) for st in steps))
+    if len(rows) < min_chains:
         return None
-    return max(float(np.median(vals)), 0.0)
+    X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
+    scale = np.maximum(X.max(axis=0), 1.0)  # columns of similar size for nnls
+    coef, _ = nnls(X / scale, y)
+    return float(coef[0] / scale[0])
 
 
 def overhead_from_metrics(records, model=None, **kw) -> tuple[GroupOverhead, dict]:
