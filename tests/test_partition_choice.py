@@ -198,16 +198,16 @@ def test_group_overhead_counts_the_extra_probe_chains(k4):
 def test_chain_overhead_is_measured_from_the_engines_metrics():
     """A chain's fixed CPU (besides its steps) per run, apart from its materialising's per-result part."""
     rng = np.random.default_rng(0)
-    per_chain, per_row = 2e-4, 1e-7  # what a chain run and a result row cost besides the steps
+    per_chain, per_in, per_out = 2e-4, 4e-7, 1e-7  # a chain run, a tuple it selects, a result: besides the steps
     recs = []
     for b in range(12):
         chains = []
         for s in range(4):
-            runs, results = int(rng.integers(8, 17)), int(rng.integers(0, 5000))
+            runs, rows_in, results = int(rng.integers(8, 17)), int(rng.integers(100, 2000)), int(rng.integers(0, 5000))
             steps = [{"calls": runs, "cpu_seconds": 0.004}, {"calls": runs // 2, "cpu_seconds": 0.002}]
-            cpu = 0.006 + per_chain * runs + per_row * results + rng.normal(0, 2e-5)
-            chains.append({"results": results, "cpu_seconds": cpu, "materialise_seconds": per_row * results + 1e-3,
-                           "steps": steps})
+            cpu = 0.006 + per_chain * runs + per_in * rows_in + per_out * results + rng.normal(0, 2e-5)
+            chains.append({"rows_in": rows_in, "results": results, "cpu_seconds": cpu,
+                           "materialise_seconds": per_out * results + 1e-3, "steps": steps})
         recs.append({"chains": chains + [{"results": 0, "cpu_seconds": 5.0, "steps": []}]})  # ran in no bucket
     assert chain_overhead_from_metrics(recs) == pytest.approx(per_chain, rel=0.05)
     assert chain_overhead_from_metrics(recs[:4]) is None  # 16 chain records: too few

@@ -398,11 +398,12 @@ def chain_overhead_from_metrics(records, *, min_chains: int = 20) -> float | Non
     the fixed part of materialising and of building its output tables, its metrics.
 
     A batch's metrics hold one chain record per (stream, group), summed over the buckets that ran it; its
-    first step's ``calls`` counts those runs. Per record, its CPU less its steps' is ``per_chain runs + b
-    rows_out`` (``rows_out``: its results and partial results, whose materialising grows with them); both fitted
-    by non-negative least squares over the records (``scipy.optimize.nnls``), ``per_chain`` returned. Not the
-    materialising time subtracted whole: a materialising that builds small tables costs mostly per call, and
-    that is the cost a chain more adds. None with fewer than ``min_chains`` records."""
+    first step's ``calls`` counts those runs. Per record, its CPU less its steps' is ``per_chain runs + a rows_in
+    + b rows_out`` (the tuples it selected and built groups of; its results and partial results, whose
+    materialising grows with them): fitted by non-negative least squares over the records
+    (``scipy.optimize.nnls``), ``per_chain`` returned: key groups split a stream's tuples among more chains, so
+    only the fixed part is what a chain more adds. Not the materialising time subtracted whole: a materialising
+    that builds small tables costs mostly per call. None with fewer than ``min_chains`` records."""
     from scipy.optimize import nnls
 
     rows, ys = [], []
@@ -414,7 +415,7 @@ def chain_overhead_from_metrics(records, *, min_chains: int = 20) -> float | Non
             if runs <= 0 or c.get("cpu_seconds") is None:
                 continue
             out = float(c.get("results") or 0) + float(c.get("partials") or 0)
-            rows.append((runs, out))
+            rows.append((runs, float(c.get("rows_in") or 0), out))
             ys.append(float(c["cpu_seconds"]) - sum(float(st.get("cpu_seconds") or 0.0) for st in steps))
     if len(rows) < min_chains:
         return None
