@@ -30,6 +30,9 @@ Workloads:
   and s1 first on s2's: one order fetches the hot stream's key list for a part of them. A key hot in one striped
   stream is cold in the other, so there are next to no results (their equality is checked all the same; the
   TPC-DS part and tests/test_partition_engine.py compare non-empty results).
+- ``stripes@<domain>``: the same on ``<domain>`` distinct keys (``--domain``, default 512, for ``stripes``): fewer keys
+  put more tuples of the hot stream on each hot key, so the wrong order's probe work is a larger share of the
+  engine's work (``stripes@256``: 8 keys per stripe instead of 16).
 - ``tpcds``: the seed query ``tpcds_returns_by_address`` on the paper's TPC-DS replay (uniform surrogate keys):
   no key group favours another order, so the loop should keep one group.
 
@@ -75,22 +78,23 @@ def versions() -> dict:
 
 # ---- workloads ----------------------------------------------------------------------------------------
 
-def stripes_workload(work: Path, args):
+def stripes_workload(work: Path, args, domain: int):
     from mjoin.lake import Lake
     from mjoin.query import load_query
     from mjoin.workloads import generate_synthetic, land
 
     window, period = args.window, args.period
     duration = window + period + args.intervals * period
-    generate_synthetic(work / "stripes", streams=4, duration=f"{duration}s", schedule="stripes", rate=args.rate,
-                       domain=args.domain, window=f"{window}s", cycle="10s", seed=args.seed)
-    lake = Lake(str(work / "stripes-lake"))
-    land(work / "stripes", lake, None)
+    gen = work / f"stripes-{domain}"
+    generate_synthetic(gen, streams=4, duration=f"{duration}s", schedule="stripes", rate=args.rate,
+                       domain=domain, window=f"{window}s", cycle="10s", seed=args.seed)
+    lake = Lake(str(work / f"stripes-{domain}-lake"))
+    land(gen, lake, None)
     t0 = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp())
     first = t0 + window + period  # a full window of state and one period of statistics before the first interval
-    params = {"schedule": "stripes", "rate": args.rate, "domain": args.domain, "window_s": window, "duration_s": duration,
+    params = {"schedule": "stripes", "rate": args.rate, "domain": domain, "window_s": window, "duration_s": duration,
               "seed": args.seed}
-    return load_query(str(work / "stripes" / "query.yaml")), lake, t0, first, params
+    return load_query(str(gen / "query.yaml")), lake, t0, first, params
 
 
 def tpcds_workload(work: Path, args):
@@ -214,7 +218,12 @@ def run_workload(spark, name, args, work: Path) -> dict:
     from mjoin.stats.job import StatsConfig, run_statistics
     from mjoin.timeutil import iso
 
-    q, lake, t0, first, params = (stripes_workload if name == "stripes" else tpcds_workload)(work, args)
+    if name.startswith("stripes"):  # stripes or stripes@<domain>
+        q, lake, t0, first, params = stripes_workload(work, args, int(name.partition("@")[2] or args.domain))
+    elif name == "tpcds":
+        q, lake, t0, first, params = tpcds_workload(work, args)
+    else:
+        raise SystemExit(f"unknown workload {name!r} (stripes, stripes@<domain>, tpcds)")
     config = EngineConfig()
     start = datetime.fromtimestamp(first, timezone.utc)
     spans = [(start + timedelta(seconds=k * args.period), start + timedelta(seconds=(k + 1) * args.period))
@@ -227,7 +236,7 @@ def run_workload(spark, name, args, work: Path) -> dict:
     warm = {"".join(p): make_plan(q, orders_from_permutation(q, p), "fixed")
             for p in (q.stream_names, q.stream_names[::-1], q.stream_names[1:] + q.stream_names[:1])}
     model, overhead, calib = calibrate_here(spark, q, lake, spans[0][0] - timedelta(seconds=args.period),
-                                            spans[0][0], warm, work, config)
+                                            spans[0][0], warm, work / name.replace("@", "-"), config)
     log.info("%s: calibrated %s; group overhead %s", name, calib.get("model"), calib["group_overhead"])
     intervals = []
     rng = random.Random(args.seed)
@@ -245,7 +254,7 @@ def run_workload(spark, name, args, work: Path) -> dict:
             names = [n for n, _ in unique.values()]
             rng.shuffle(names)
             res = run_interval_plans(spark, q, {n: plans[n] for n in names}, lake, a, b, 10,
-                                     str(work / f"{name}-out"), config=config)
+                                     str(work / f"{name.replace('@', '-')}-out"), config=config)
             for n, s in res.items():
                 runs[n].append(summarise(s, read_metrics(s.metrics_path)))
                 prints.setdefault(n, result_fingerprint(s.results_path))
