@@ -213,8 +213,9 @@ def test_unpartitioned_plan_under_partitioned_statistics(seed_query):
     plan = make_plan(seed_query, orders_from_permutation(seed_query, seed_query.stream_names), "fixed")
     costs, totals = plan_costs(seed_query, st, plan, CostModel())
     assert sorted(totals) == [0, 1]  # the same orders run in both key groups
-    # group 1: C3 = 4 + 0.1 * 2 = 4.2; C2 = 4 + 0.1 * (2 + 4.2) = 4.62; C1 = 4 + 0.1 * (2 + 4.62) = 4.662
-    assert totals[1] == pytest.approx(4 * 4.662)
+    # a lookup searches the whole state, both groups' keys: f(8 + 8) = 1 + log2(16) = 5
+    # group 1: C3 = 5 + 0.1 * 2 = 5.2; C2 = 5 + 0.1 * (2 + 5.2) = 5.72; C1 = 5 + 0.1 * (2 + 5.72) = 5.772
+    assert totals[1] == pytest.approx(4 * 5.772)
     assert plan_cost(seed_query, st, plan, CostModel()) == pytest.approx(totals[0] + totals[1])
 
 

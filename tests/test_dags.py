@@ -421,6 +421,10 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
             assert params["mode"]["schema"]["enum"] == ["cycle", "continuous"]
             assert params["dry_run"]["schema"]["type"] == "boolean" and params["dry_run"]["value"] is False
             assert params["cycle"]["value"] == 10 and params["landing_allowance"]["value"] == 30
+            # PMJoin key groups: method and D, both with auto (the default)
+            assert params["partition_method"]["schema"]["enum"] == ["auto", "none", "hash", "range", "rate", "cost"]
+            assert params["partition_groups"]["schema"]["enum"] == ["auto", "1", "2", "4", "8", "16"]
+            assert params["partition_method"]["value"] == params["partition_groups"]["value"] == "auto"
             # trigger-time validation, over HTTP
             runs_path = "/api/v2/dags/mjoin_reoptimize/dagRuns"
             before = api(port, runs_path, senv)["total_entries"]

@@ -82,10 +82,11 @@ def test_sql_method_gives_the_same_statistics(spark, dataset, exact_run):
     key = ["cycle_start", "stream", "attr_class", "bucket"]
     pd.testing.assert_frame_equal(run.histogram.sort_values(key).reset_index(drop=True),
                                   exact_run.histogram.sort_values(key).reset_index(drop=True), check_dtype=False)
-    def without_run(meta):
-        return {e: {k: v for k, v in m.items() if k != "run"} for e, m in meta.items()}
+    def without_run(meta):  # per-cell statistics come from the pass only (sql: cells {})
+        return {e: {k: v for k, v in m.items() if k not in ("run", "cells")} for e, m in meta.items()}
 
     assert without_run(run.cycle_meta) == without_run(exact_run.cycle_meta)  # NULL keys, kappa by class, ...
+    assert run.cells == {} and "exact mode's one pass" in run.summary["cells"]["note"]
     assert "one_pass" in exact_run.summary["wall_seconds"] and "edges" in run.summary["wall_seconds"]
 
 

@@ -29,6 +29,13 @@ looked up through its first edge (``Query.edge(l, r)``); the statistics hold one
 
 The expected cost per second of an order set is ``sum_s lambda_s * C_s`` (per key group;
 summed over groups). Pure Python + numpy: no Spark, no Airflow.
+
+Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup
+searches the engine's whole window state of the stream, which is kept by key bucket and
+not by group (a rule change touches no state), so ``f(kappa)`` is taken at the stream's
+``kappa`` summed over the groups (its distinct keys: the groups partition them). A plan
+with ``D`` groups also runs up to ``D`` probe chains per stream, bucket and batch instead of
+one: :func:`group_overhead` prices those extra chains (:class:`GroupOverhead`).
 """
 from __future__ import annotations
 
@@ -244,7 +251,8 @@ class JoinProblem:
                 gamma[i, j] = stats.gamma(l, r, group)
                 mu[i, j] = stats.mu(l, r, group)
         lam = np.array([stats.lam(s, group) for s in names], dtype=float)
-        kappa = np.array([stats.kappa(s, group) for s in names], dtype=float)
+        # a lookup searches the stream's whole state (kept by key bucket, not by group): every group's keys
+        kappa = np.array([sum(stats.kappa(s, g) for g in stats.groups) for s in names], dtype=float)
         window = np.array([stats.window_tuples(s, group) for s in names], dtype=float)
         return cls(names, classes, cl, gamma, mu, lam, kappa, window, group)
 
@@ -382,8 +390,96 @@ def plan_costs(query, stats, plan, cost_model=None) -> tuple[dict, dict]:
     return costs, totals
 
 
-def plan_cost(query, stats, plan, cost_model=None) -> float:
-    """Expected cost per second of ``plan`` under ``stats``: ``sum_g sum_s lambda_s C_s``.
+def plan_cost(query, stats, plan, cost_model=None, overhead: "GroupOverhead | None" = None, cells=None) -> float:
+    """Expected cost per second of ``plan`` under ``stats``: ``sum_g sum_s lambda_s C_s``, plus, with
+    ``overhead``, the cost of its extra probe chains (:func:`group_overhead`, ``cells`` as there; 0 for one group).
 
-    What the plan gate compares (active plan vs candidate under the same statistics)."""
-    return float(sum(plan_costs(query, stats, plan, cost_model)[1].values()))
+    What the plan gate compares (active plan vs candidate, each under statistics of its own key groups)."""
+    total = float(sum(plan_costs(query, stats, plan, cost_model)[1].values()))
+    if overhead is not None and plan.partitioning:
+        total += group_overhead(query, stats, overhead, cost_model, cells=cells)
+    return total
+
+
+# ---- the per-group overhead (PMJoin) ------------------------------------------------------------
+
+#: seconds of one unit of the uncalibrated model (one key comparison): the engine's measured alpha_q
+#: (docs/optimizer.md, "Calibration": 3.5e-9 s per unit of f), so that an overhead measured in seconds
+#: can be added to uncalibrated costs
+SECONDS_PER_UNIT = 3.5e-9
+
+
+@dataclass(frozen=True)
+class GroupOverhead:
+    """What one more probe chain costs the engine, and how often it runs one.
+
+    The engine probes a batch's new tuples of a stream in one key bucket (``pmod(key, buckets)``) as one
+    chain per key group present among them (docs/engine.md, "Partitioned plans"): each chain pays its
+    ``n - 1`` vectorised lookups' fixed cost (``per_call`` seconds each, the calibration's
+    ``overhead_seconds_per_call``) and the chain's own fixed cost (``per_chain`` seconds: building its
+    groups, gathering, its metrics), whatever its size. ``batch_seconds`` and ``buckets`` say how many
+    (bucket, batch) pairs a second of input is cut into."""
+
+    per_chain: float = 150e-6  # s; measured on this engine (bench/partition), refit from metrics in the loop
+    per_call: float = 54e-6  # s; the calibration's per-call overhead (docs/optimizer.md)
+    batch_seconds: float = 10.0
+    buckets: int = 16
+
+    def chain_seconds(self, n_streams: int) -> float:
+        return self.per_chain + max(n_streams - 1, 0) * self.per_call
+
+    def to_json(self) -> dict:
+        return {"per_chain": self.per_chain, "per_call": self.per_call, "batch_seconds": self.batch_seconds,
+                "buckets": self.buckets}
+
+    @classmethod
+    def for_model(cls, model, **kw) -> "GroupOverhead":
+        """The defaults with the per-call cost of a calibrated model (its ``calibration`` summary)."""
+        model = resolve_cost_model(model)
+        per_call = (model.calibration or {}).get("overhead_seconds_per_call")
+        if model.calibrated and per_call is not None and math.isfinite(float(per_call)):
+            kw.setdefault("per_call", float(per_call))
+        return cls(**kw)
+
+
+def expected_chains(lam, batch_seconds: float) -> float:
+    """Expected probe chains per second for the rates ``lam[bucket, group]`` (tuples/s of one stream): per
+    (bucket, batch), one chain per group with at least one new tuple there, ``1 - exp(-lambda T)`` (Poisson)."""
+    lam = np.maximum(np.asarray(lam, dtype=float), 0.0)
+    return float(np.sum(-np.expm1(-lam * float(batch_seconds)))) / float(batch_seconds)
+
+
+def bucket_group_rates(query, stats, buckets: int, cells=None) -> dict:
+    """``{stream: lambda[engine bucket, group]}``. With ``cells`` (``(cell statistics, cell rule)`` of
+    ``pmod(key, B)`` buckets, ``buckets | B``, and ``stats.partitioning``'s groups unions of them), exact: a
+    cell lies in one engine bucket. Otherwise each group's rate spread evenly over the buckets (as for a range
+    rule, whose key ranges span every bucket)."""
+    groups = sorted(stats.groups)
+    nb = max(int(buckets), 1)
+    if cells is not None:
+        from .stats.cells import cell_map
+
+        cstats, crule = cells
+        mapping = cell_map(crule, stats.partitioning) if crule.get("method") == "hash" else None
+        if mapping is not None and int(crule["groups"]) % nb == 0:
+            out = {}
+            for s in query.stream_names:
+                m = np.zeros((nb, len(groups)))
+                for c, gs in cstats.groups.items():
+                    m[c % nb, groups.index(int(mapping[c]))] += gs.streams[s].lam if s in gs.streams else 0.0
+                out[s] = m
+            return out
+    return {s: np.tile(np.array([stats.lam(s, g) for g in groups]) / nb, (nb, 1)) for s in query.stream_names}
+
+
+def group_overhead(query, stats, overhead: GroupOverhead, cost_model=None, cells=None) -> float:
+    """The extra chains of ``stats``' key groups over one group, per second, times a chain's cost, in the cost
+    model's units (seconds when it is calibrated, else units of :data:`SECONDS_PER_UNIT`). ``cells``: see
+    :func:`bucket_group_rates` (a hash rule with ``D | buckets`` then puts one group in each engine bucket:
+    no extra chain at all)."""
+    model = resolve_cost_model(cost_model)
+    extra = 0.0
+    for m in bucket_group_rates(query, stats, overhead.buckets, cells).values():
+        extra += expected_chains(m, overhead.batch_seconds) - expected_chains(m.sum(axis=1), overhead.batch_seconds)
+    seconds = max(extra, 0.0) * overhead.chain_seconds(len(query.stream_names))
+    return seconds if model.calibrated else seconds / SECONDS_PER_UNIT

@@ -23,7 +23,7 @@ STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dp
                   "exact_query", "exact_match")
 #: what mjoin_evaluate compares (= mjoin.evaluate.STRATEGIES; a test checks it)
 EVAL_STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
-                       "dppick_nosmooth", "oracle")
+                       "dppick_nosmooth", "oracle", "exact_pmjoin", "oracle_pmjoin")
 DEFAULT_QUERY = os.environ.get("MJOIN_QUERY", "tpcds_returns_by_address")
 #: where query specs are looked up by name (= mjoin.query.resolve_query_path: $MJOIN_QUERIES, then include/queries/)
 QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
@@ -42,6 +42,13 @@ REOPTIMIZE_PARAMS = {
     "query": (DEFAULT_QUERY, "string", {"enum": query_choices()},
               "query spec: a spec in include/queries/ (or $MJOIN_QUERIES; MJOIN_QUERY may name a YAML path)"),
     "strategy": ("exact", "string", {"enum": list(STRATEGY_NAMES)}, "probe-order optimizer"),
+    "partition_method": ("auto", "string", {"enum": ["auto", "none", "hash", "range", "rate", "cost"]},
+                         "PMJoin key groups: how the key-to-group rule is made (auto: the cheapest method; none: one "
+                         "group; hash, range, rate: rank vectors of the streams' rates clustered, cost: the buckets' "
+                         "best orders clustered)"),
+    "partition_groups": ("auto", "string", {"enum": ["auto", "1", "2", "4", "8", "16"]},
+                         "number of key groups D (auto: the cheapest, one group unless partitioning pays by the cost "
+                         "model with its per-group overhead)"),
     "length": (60, "integer", {"minimum": 2, "maximum": 10000}, "L: statistics cycles the forecast reads"),
     "cycle": (10, "integer", {"minimum": 1, "maximum": 3600}, "tau: statistics cycle in seconds"),
     "improvement_threshold": (None, ["null", "number"], {"minimum": 0, "maximum": 1},

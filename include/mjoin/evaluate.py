@@ -11,6 +11,11 @@ For every interval ``[t_k, t_k + period)`` of ``[start, end)``:
   values), and ``oracle`` (exact on the interval's own statistics). With no
   history yet (the first interval of a stream), every adaptive strategy runs
   the initial order, as the paper's operator does before its first cycle;
+- PMJoin key groups beside them: ``exact_pmjoin`` (the loop's choice: key-to-group rule and
+  ``D`` chosen from the per-cell statistics of the period before ``t_k``, every group's
+  orders by ``exact`` on the forecast of those groups) and ``oracle_pmjoin`` (the same
+  choice and orders on the interval's own per-cell statistics); queries on several
+  attribute classes, or without per-cell statistics, get one group (noted);
 - every distinct plan is run by the engine's interval evaluation
   (``mjoin.engine.run_interval_plans``: input read once, state built from the
   window before ``t_k``), and its cost measured: wall time of the batches, time
@@ -36,10 +41,13 @@ from .timeutil import iso, parse_duration, parse_time
 log = logging.getLogger(__name__)
 
 ADAPTIVE = ("selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match")
-STRATEGIES = ("fixed",) + ADAPTIVE + ("dppick_nosmooth", "oracle")
+#: PMJoin key groups chosen per interval (mjoin.optimize.optimize_partitioned), beside the one-group strategies
+PARTITIONED = ("exact_pmjoin", "oracle_pmjoin")
+STRATEGIES = ("fixed",) + ADAPTIVE + ("dppick_nosmooth", "oracle") + PARTITIONED
 #: what a strategy is built from: (optimizer, statistics source)
 RECIPES = {**{s: (s, "forecast") for s in ADAPTIVE}, "fixed": ("fixed", "forecast"),
-           "dppick_nosmooth": ("dppick", "last_value"), "oracle": ("exact", "oracle")}
+           "dppick_nosmooth": ("dppick", "last_value"), "oracle": ("exact", "oracle"),
+           "exact_pmjoin": ("exact", "forecast"), "oracle_pmjoin": ("exact", "oracle")}
 
 
 class EvaluationError(ValueError):
@@ -140,8 +148,9 @@ def _stats_inputs(query, history, t, t_end, cfg: EvalConfig, forecast_mod):
     return fc, lv, oracle, ""
 
 
-def build_plans(query, cfg: EvalConfig, order, fc, lv, oracle, cost_model) -> tuple[dict, dict]:
-    """``({strategy: Plan}, {strategy: why it fell back})`` for one interval and one initial order."""
+def build_plans(query, cfg: EvalConfig, order, fc, lv, oracle, cost_model, *, partitioned=None) -> tuple[dict, dict]:
+    """``({strategy: Plan}, {strategy: why it fell back})`` for one interval and one initial order.
+    ``partitioned``: ``{strategy: callable() -> Plan}`` for the PMJoin strategies (:func:`partitioned_plans`)."""
     from .optimize import optimize
 
     plans, notes = {}, {}
@@ -155,12 +164,71 @@ def build_plans(query, cfg: EvalConfig, order, fc, lv, oracle, cost_model) -> tu
         stats = {"forecast": fc, "last_value": lv, "oracle": oracle}[source]
         if name == "fixed":
             plans[name] = fixed
+        elif name in PARTITIONED:
+            made = (partitioned or {}).get(name)
+            plan, why = made() if made else (None, "no per-cell statistics")
+            if plan is None:  # one group: the same optimizer on the same statistics
+                plan = optimize(query, stats, optimizer, initial_order=order, cost_model=cost_model) if stats else fixed
+                notes[name] = f"one group: {why}"
+            plans[name] = plan
         elif stats is None:
             plans[name] = fixed
             notes[name] = f"no {source} statistics: initial order"
         else:
             plans[name] = optimize(query, stats, optimizer, initial_order=order, cost_model=cost_model)
     return plans, notes
+
+
+def partitioned_plans(query, cfg: EvalConfig, root: str, t, t_end, cost_model, buckets: int) -> dict:
+    """``{strategy: callable() -> (Plan or None, note)}`` of the PMJoin strategies for the interval ``[t, t_end)``:
+    key groups chosen on the per-cell statistics of the period before ``t`` (``exact_pmjoin``, orders from the
+    forecast of the chosen groups) or of the interval itself (``oracle_pmjoin``, orders from its own statistics)."""
+    from . import forecast as forecast_mod
+    from .cost import GroupOverhead
+    from .optimize import optimize_partitioned
+    from .optimizers.partitioning import Cells
+    from .stats.cells import history_for_rule
+    from .stats.history import CELL_KINDS, HistoryError, read_cells
+
+    overhead = GroupOverhead.for_model(cost_model, batch_seconds=cfg.batch, buckets=buckets)
+
+    def cells_of(a, b) -> dict:
+        out = {}
+        for kind in CELL_KINDS:
+            try:
+                rows = read_cells(root, query.name, kind, start=a, end=b)
+            except HistoryError:
+                return {}
+            rules = rows.attrs.get("rules") or {}
+            if len(rows) and rules:
+                newest = rules[max(rules)]
+                keep = rows["cycle_start"].map(iso).isin({c for c, r in rules.items() if r == newest})
+                if keep.any() and rows[keep & (rows["entity"] == "stream")]["tuples"].sum() > 0:
+                    out[kind] = Cells.from_rows(kind, newest, rows[keep])
+        return out
+
+    def before():
+        cells = cells_of(t - timedelta(seconds=cfg.period), t)
+        if not cells or len(query.all_classes) != 1:
+            return None, "no per-cell statistics before the interval" if not cells else "several attribute classes"
+
+        def stats_for(rule):
+            hist, _ = history_for_rule(root, query.name, rule, start=t - timedelta(seconds=cfg.length * cfg.cycle),
+                                       end=t)
+            return forecast_mod.forecast(hist, t, length=cfg.length).statistics
+
+        plan, _ = optimize_partitioned(query, cells, "exact", cost_model=cost_model, overhead=overhead,
+                                       stats_for=stats_for)
+        return plan, ""
+
+    def inside():
+        cells = cells_of(t, t_end)
+        if not cells or len(query.all_classes) != 1:
+            return None, "no per-cell statistics in the interval" if not cells else "several attribute classes"
+        plan, _ = optimize_partitioned(query, cells, "exact", cost_model=cost_model, overhead=overhead)
+        return plan, ""
+
+    return {"exact_pmjoin": before, "oracle_pmjoin": inside}
 
 
 def _work(metrics: list[dict]) -> dict:
@@ -216,8 +284,10 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
         fc, lv, oracle, note = _stats_inputs(query, history, t, t_end, cfg, forecast_mod)
         series += forecast_vs_actual(query, k, t, fc, lv, oracle)
         by_sig, assignments = {}, []
+        made = partitioned_plans(query, cfg, root, t, t_end, model, engine_config.buckets) \
+            if any(s in PARTITIONED for s in cfg.strategies) else None
         for order in orders:
-            plans, notes = build_plans(query, cfg, order, fc, lv, oracle, model)
+            plans, notes = build_plans(query, cfg, order, fc, lv, oracle, model, partitioned=made)
             for name, plan in plans.items():
                 sig = plan_signature(plan)
                 label = by_sig.setdefault(sig, (f"p{len(by_sig)}", plan))[0]
@@ -239,8 +309,11 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
             rows.append({
                 "interval": k, "interval_start": iso(t), "interval_end": iso(t_end), "initial_order": ",".join(order),
                 "strategy": name, "plan_id": label, "orders": {s: [r for _, r in p] for s, p in plan.orders[0].items()},
-                "estimated_cost_forecast": _safe_cost(plan_cost, query, fc, plan, model),
-                "estimated_cost_oracle": _safe_cost(plan_cost, query, oracle, plan, model),
+                "key_groups": len(plan.group_ids), "partitioning": plan.partitioning,
+                "estimated_cost_forecast": _safe_cost(plan_cost, query, _as_groups(fc, plan, root, query, t, t_end,
+                                                                                     "before"), plan, model),
+                "estimated_cost_oracle": _safe_cost(plan_cost, query, _as_groups(oracle, plan, root, query, t, t_end,
+                                                                                   "inside"), plan, model),
                 "result_rows": runs[0][0].result_rows, "repeats": len(runs), "note": why, **med})
         log.info("interval %d/%d %s: %d plans for %d strategies x %d orders", k + 1, len(spans), iso(t), len(unique),
                  len(cfg.strategies), len(orders))
@@ -253,6 +326,38 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
 
     write_evaluation_report(result, history=history, query=query)
     return result
+
+
+def _as_groups(stats, plan, root, query, t, t_end, which):
+    """``stats`` for a plan of one group; for a partitioned plan, the interval's own (``inside``) statistics or
+    the forecast's source (``before``: the forecast is not per group, so the last period's cells) regrouped
+    into its groups (None where there are no cells)."""
+    if stats is None or not plan.partitioning:
+        return stats
+    from .statistics import aggregate_rows
+    from .stats.cells import cell_map, regroup_rows
+    from .stats.history import CELL_KINDS, read_cells
+    from .partition import num_groups
+
+    if which == "before":
+        return None  # the forecast of this plan's groups is not kept: its estimated cost is left empty
+    for kind in CELL_KINDS:
+        try:
+            rows = read_cells(root, query.name, kind, start=t, end=t_end)
+        except Exception:
+            return None
+        rules = rows.attrs.get("rules") or {}
+        if rows.empty or not rules:
+            continue
+        cell_rule = rules[max(rules)]
+        mapping = cell_map(cell_rule, plan.partitioning)
+        if mapping is None:
+            continue
+        keep = rows["cycle_start"].map(iso).isin({c for c, r in rules.items() if r == cell_rule})
+        st = aggregate_rows(regroup_rows(rows[keep], mapping, num_groups(plan.partitioning)).to_dict("records"))
+        st.partitioning = plan.partitioning
+        return st
+    return None
 
 
 def _median_run(runs) -> dict:
@@ -307,8 +412,9 @@ def summarize(rows: list[dict]) -> list[dict]:
         a = acc.setdefault((r["initial_order"], r["strategy"]), {
             "initial_order": r["initial_order"], "strategy": r["strategy"], "intervals": 0, "batch_seconds": 0.0,
             "probe_seconds": 0.0, "probe_work": 0, "lookups": 0, "matches": 0, "regret_work": 0,
-            "regret_estimated": 0.0, "plan_changes": 0, "_last": None})
+            "regret_estimated": 0.0, "plan_changes": 0, "key_groups": [], "_last": None})
         a["intervals"] += 1
+        a["key_groups"].append(int(r.get("key_groups") or 1))  # per interval: how many groups its plan had
         for f in ("batch_seconds", "probe_seconds", "probe_work", "lookups", "matches"):
             a[f] += r[f]
         o = oracle.get((r["initial_order"], r["interval"]))
@@ -316,7 +422,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             a["regret_work"] += r["probe_work"] - o["probe_work"]
             if r.get("estimated_cost_oracle") is not None and o.get("estimated_cost_oracle") is not None:
                 a["regret_estimated"] += r["estimated_cost_oracle"] - o["estimated_cost_oracle"]
-        sig = json.dumps(r["orders"], sort_keys=True)
+        sig = json.dumps([r["orders"], r.get("partitioning")], sort_keys=True)
         if a["_last"] is not None and sig != a["_last"]:
             a["plan_changes"] += 1
         a["_last"] = sig

@@ -88,6 +88,9 @@ class LoopConfig:
     calibration_min_r2: float = 0.3  # ... and keep the previous model when the fit explains less
     gates: dict = field(default_factory=dict)  # GateConfig overrides
     stats_mode: str = "exact"  # exact | sketch
+    #: PMJoin key groups: the rule's method (auto: the cheapest of all; none: one group) and D (auto: the cheapest)
+    partition_method: str = "auto"
+    partition_groups: str = "auto"
     deploy_timeout: float = 600.0  # continuous mode: wait this long for the job to switch
     #: a cycle counts as complete once every stream landed it (or a later cycle), or this long after its end
     landing_allowance: float = 30.0
@@ -114,6 +117,7 @@ class LoopConfig:
             cfg.lake = Resources.from_env().lake
         if cfg.mode not in ("cycle", "continuous"):
             raise ValueError(f"mode {cfg.mode!r}: use cycle or continuous")
+        cfg._check_partitioning()
         if run_type == "backfill":
             if not cfg.namespace:
                 cfg.namespace = BACKFILL_NAMESPACE
@@ -141,6 +145,27 @@ class LoopConfig:
                         "param (%s)", config.improvement_threshold, param)
         self.gates = gates
         self.improvement_threshold = config.improvement_threshold
+
+    def _check_partitioning(self) -> None:
+        from .optimizers.partitioning import METHODS
+
+        if self.partition_method not in ("auto", "none") + METHODS:
+            raise ValueError(f"partition_method {self.partition_method!r}: use auto, none or one of {', '.join(METHODS)}")
+        g = str(self.partition_groups).strip()
+        if g != "auto" and not (g.isdigit() and 1 <= int(g) <= 64):
+            raise ValueError(f"partition_groups {self.partition_groups!r}: use auto or a number of groups 1..64")
+        self.partition_groups = g
+
+    def partition_search(self) -> tuple[tuple, tuple, bool] | None:
+        """``(methods, counts, forced)`` the optimizer chooses key groups from; None: one group (no rule).
+        ``forced``: a fixed ``D`` > 1 is used even where one group prices lower."""
+        from .optimizers.partitioning import GROUP_COUNTS, METHODS
+
+        if self.partition_method == "none" or self.partition_groups == "1":
+            return None
+        methods = METHODS if self.partition_method == "auto" else (self.partition_method,)
+        counts = GROUP_COUNTS if self.partition_groups == "auto" else (1, int(self.partition_groups))
+        return methods, counts, self.partition_groups != "auto"
 
     def gate_config(self):
         """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
@@ -454,27 +479,90 @@ def check_statistics(cfg: LoopConfig, ctx: dict) -> dict:
 
 # ---- 2. forecast --------------------------------------------------------------------
 
-def forecast(cfg: LoopConfig, ctx: dict) -> dict:
-    """Holt forecast of the next cycle from the last L cycles before the interval end (no look-ahead)."""
+def active_rule(cfg: LoopConfig, query) -> dict | None:
+    """The key-to-group rule of the active plan (None: one group, or no active plan)."""
+    from .registry import PlanRegistry
+
+    plan = PlanRegistry(cfg.lake_, query.name).active(query)
+    return (plan.partitioning or None) if plan else None
+
+
+def rule_history(cfg: LoopConfig, query, rule, end):
+    """The last L cycles before ``end`` as statistics of ``rule``'s key groups (:func:`mjoin.stats.cells.
+    history_for_rule`: cycles computed under another rule are re-aggregated from their per-cell statistics)."""
+    from .stats.cells import history_for_rule
+
+    start = parse_time(end) - timedelta(seconds=cfg.length * cfg.cycle)
+    return history_for_rule(stats_root(cfg), query.name, rule, start=start, end=end)
+
+
+def _rule_tag(rule) -> str:
+    import hashlib
+
+    return "" if not rule else hashlib.sha1(json.dumps(rule, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def forecast_path(ctx: dict, rule) -> str:
+    """``forecast.json`` (the active plan's key groups) or ``forecast_<rule tag>.json`` (another rule's)."""
+    tag = _rule_tag(rule)
+    return fsutil.join(ctx["run_dir"], "forecast.json" if tag == ctx.get("forecast_rule_tag", "") else
+                       f"forecast_{tag or 'one_group'}.json")
+
+
+def forecast_rule(cfg: LoopConfig, ctx: dict, query, rule, path: str | None = None):
+    """Holt forecast of ``rule``'s key groups from the last L cycles before the interval end (no look-ahead),
+    written to ``path`` with its report; the statistics. Never blind after a rule change: every cycle of the
+    window counts, re-aggregated from its cells when it was computed under another rule."""
     from .forecast import forecast as holt
 
-    query = cfg.load_query()
-    start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
-    history = read_stats_history(cfg, query, start=start, end=ctx["end"])
+    history, report = rule_history(cfg, query, rule, ctx["end"])
     res = holt(history, ctx["end"], length=cfg.length)
-    path = fsutil.join(ctx["run_dir"], "forecast.json")
+    res.statistics.partitioning = rule or None
+    res.statistics.meta["history"] = report
+    path = path or forecast_path(ctx, rule)
     res.statistics.save(path)
-    _write(fsutil.join(ctx["run_dir"], "forecast_report.json"), res.to_json())
+    _write(path[: -len(".json")] + "_report.json", {**res.to_json(), "history": report})
+    if report["regrouped"]:
+        log.info("forecast of %s: %d cycle(s) as stored, %s re-aggregated from per-cell statistics for the key groups "
+                 "%s", query.name, report["as_stored"], report["regrouped"], rule)
+    return res
+
+
+def forecast(cfg: LoopConfig, ctx: dict) -> dict:
+    """Holt forecast of the next cycle of the active plan's key groups from the last L cycles before the interval
+    end (no look-ahead)."""
+    query = cfg.load_query()
+    rule = active_rule(cfg, query)
+    path = fsutil.join(ctx["run_dir"], "forecast.json")
+    res = forecast_rule(cfg, ctx, query, rule, path)
+    _write(fsutil.join(ctx["run_dir"], "forecast_rule.json"), {"rule": rule, "tag": _rule_tag(rule)})
     methods = {str(k): int(v) for k, v in res.report["method"].value_counts().items()} if len(res.report) else {}
-    return {"forecast": path, "methods": methods, "series": int(len(res.report))}
+    return {"forecast": path, "methods": methods, "series": int(len(res.report)), "key_groups": rule,
+            "history": res.statistics.meta["history"]}
+
+
+def _forecast_rule_tag(ctx: dict) -> str:
+    p = fsutil.join(ctx["run_dir"], "forecast_rule.json")
+    return _read(p)["tag"] if fsutil.exists(p) else ""
+
+
+def stats_for_rule(cfg: LoopConfig, ctx: dict, query, rule):
+    """The forecast of ``rule``'s key groups for this run: ``forecast.json`` when it is the active plan's rule,
+    else made once (:func:`forecast_rule`) and kept in the run folder."""
+    from .statistics import Statistics
+
+    ctx = {**ctx, "forecast_rule_tag": _forecast_rule_tag(ctx)}
+    path = forecast_path(ctx, rule)
+    if fsutil.exists(path):
+        return Statistics.load(path)
+    return forecast_rule(cfg, ctx, query, rule, path).statistics
 
 
 def check_forecast(cfg: LoopConfig, ctx: dict) -> dict:
     from .gates import check_forecast as gate
 
     query = cfg.load_query()
-    start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
-    history = read_stats_history(cfg, query, start=start, end=ctx["end"])
+    history, _ = rule_history(cfg, query, active_rule(cfg, query), ctx["end"])
     return _finish_gate(gate(query, fsutil.join(ctx["run_dir"], "forecast.json"), history, config=_gate_config(cfg)),
                         ctx, "forecast")
 
@@ -535,39 +623,109 @@ def effective_state(cfg: LoopConfig, query, run_dir: str, stats):
     return effective_statistics(stats, summary)
 
 
+def group_overhead(cfg: LoopConfig, query, run_dir: str):
+    """The per-group overhead (``mjoin.cost.GroupOverhead``) for this run: a probe chain's fixed cost measured in
+    the live join's newest batches where there are enough (the defaults otherwise; evaluation namespaces have
+    no live join), batches of one statistics cycle, the engine's key buckets; kept in ``group_overhead.json``."""
+    from .cost import GroupOverhead
+    from .engine import EngineConfig, read_metrics
+    from .optimizers.partitioning import overhead_from_metrics
+
+    path = fsutil.join(run_dir, "group_overhead.json")
+    if fsutil.exists(path):
+        return GroupOverhead(**_read(path)["overhead"])
+    records = []
+    if not cfg.namespace:
+        try:
+            records = read_metrics(Lake(cfg.lake), query.name)[-cfg.calibration_batches:]
+        except (OSError, ValueError):
+            records = []
+    overhead, how = overhead_from_metrics(records, cost_model_path(cfg), batch_seconds=cfg.cycle,
+                                          buckets=EngineConfig().buckets)
+    _write(path, {"overhead": overhead.to_json(), "from": how, "batches": len(records)})
+    return overhead
+
+
+def key_group_cells(cfg: LoopConfig, ctx: dict, query) -> dict:
+    """``{kind: Cells}``: the per-cell statistics of the run's interval (its cycles of one cell rule, the newest)."""
+    from .optimizers.partitioning import Cells
+    from .stats.history import CELL_KINDS, HistoryError, read_cells
+
+    out = {}
+    for kind in CELL_KINDS:
+        try:
+            rows = read_cells(stats_root(cfg), query.name, kind, start=ctx["start"], end=ctx["end"])
+        except HistoryError:  # no history at all
+            return {}
+        rules = rows.attrs.get("rules") or {}
+        if rows.empty or not rules:
+            continue
+        newest = rules[max(rules)]
+        same = {c for c, r in rules.items() if r == newest}
+        starts = rows["cycle_start"].map(lambda t: iso(t))
+        out[kind] = Cells.from_rows(kind, newest, rows[starts.isin(same)])
+    return out
+
+
 def optimize(cfg: LoopConfig, ctx: dict) -> dict:
+    """The candidate plan: key groups chosen from the interval's per-cell statistics (``partition_method``,
+    ``partition_groups``; :func:`mjoin.optimize.optimize_partitioned`), every group's orders from the forecast of
+    those groups (``strategy``)."""
     from .optimize import optimize as run_optimizer
-    from .statistics import Statistics
+    from .optimize import optimize_partitioned
 
     query = cfg.load_query()
     calibration = calibrate(cfg, query, ctx["run_dir"])
-    stats = effective_state(cfg, query, ctx["run_dir"], Statistics.load(fsutil.join(ctx["run_dir"], "forecast.json")))
+    model = cost_model_path(cfg)
     t0 = time.perf_counter()
-    plan = run_optimizer(query, stats, cfg.strategy, initial_order=cfg.initial_order or None,
-                         cost_model=cost_model_path(cfg),
-                         source={"statistics": stats_root(cfg), "forecast": fsutil.join(ctx["run_dir"], "forecast.json"),
-                                 "interval": [ctx["start"], ctx["end"]], "run_id": cfg.run_id})
+    source = {"statistics": stats_root(cfg), "interval": [ctx["start"], ctx["end"]], "run_id": cfg.run_id}
+    search = cfg.partition_search()
+    cells = key_group_cells(cfg, ctx, query) if search else {}
+    forecast_of = lambda rule: effective_state(cfg, query, ctx["run_dir"], stats_for_rule(cfg, ctx, query, rule))  # noqa: E731
+    choice = None
+    if search and cells and len(query.all_classes) == 1:
+        methods, counts, forced = search
+        plan, choice = optimize_partitioned(
+            query, cells, cfg.strategy, methods=methods, counts=counts, cost_model=model, forced=forced,
+            overhead=group_overhead(cfg, query, ctx["run_dir"]), stats_for=forecast_of,
+            initial_order=cfg.initial_order or None, source=source)
+        _write(fsutil.join(ctx["run_dir"], "key_groups.json"), choice.to_json())
+        for line in choice.describe().splitlines():
+            log.info("%s", line)
+    else:
+        why = ("partition_method none / partition_groups 1" if not search else
+               f"{query.name} joins on {len(query.all_classes)} attribute classes" if len(query.all_classes) != 1
+               else "no per-cell statistics in the interval")
+        plan = run_optimizer(query, forecast_of(None), cfg.strategy, initial_order=cfg.initial_order or None,
+                             cost_model=model, partitioning={}, source={**source, "key_groups": {"note": why}})
+    plan.source["forecast"] = forecast_path({**ctx, "forecast_rule_tag": _forecast_rule_tag(ctx)}, plan.partitioning)
     path = fsutil.join(ctx["run_dir"], "candidate_plan.json")
     plan.save(path)
     return {"plan": path, "strategy": plan.strategy, "estimated_cost": plan.estimated_cost,
             "seconds": round(time.perf_counter() - t0, 4), "calibration": calibration["status"],
             "cost_model": calibration["cost_model"],
-            "orders": {s: [r for _, r in pairs] for s, pairs in plan.orders[0].items()}}
+            "key_groups": {"method": choice.method, "groups": choice.groups, "gain": choice.gain} if choice else None,
+            "orders": {s: [r for _, r in pairs] for s, pairs in plan.orders[plan.group_ids[0]].items()}}
 
 
 def check_plan(cfg: LoopConfig, ctx: dict) -> dict:
-    """Plan gate: valid for the query, cost finite, better than the active plan under the same forecast."""
+    """Plan gate: valid for the query, cost finite, better than the active plan by the threshold, each plan
+    costed under the forecast of its own key groups (one history, regrouped) plus its per-group overhead: the
+    whole plan, rule and orders, with one hysteresis."""
     from .cost import plan_cost
     from .gates import check_plan as gate
     from .registry import PlanRegistry
-    from .statistics import Statistics
 
     query = cfg.load_query()
-    stats = Statistics.load(fsutil.join(ctx["run_dir"], "forecast.json"))
     active = PlanRegistry(cfg.lake_, query.name).active(query)
     model = cost_model_path(cfg)
+    overhead = group_overhead(cfg, query, ctx["run_dir"])
+    buckets = key_group_cells(cfg, ctx, query).get("buckets")  # the overhead per engine bucket, as priced
+    cells = (buckets.stats, buckets.rule) if buckets else None
     result = gate(query, fsutil.join(ctx["run_dir"], "candidate_plan.json"), active=active,
-                  cost_fn=lambda p: plan_cost(query, stats, p, model), config=_gate_config(cfg))
+                  cost_fn=lambda p: plan_cost(query, stats_for_rule(cfg, ctx, query, p.partitioning), p, model,
+                                              overhead, cells=cells),
+                  config=_gate_config(cfg))
     brief = _finish_gate(result, ctx, "plan")
     brief["active_version"] = active.version if active else None
     brief["improvement"] = result.details.get("improvement")

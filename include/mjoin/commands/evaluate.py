@@ -9,7 +9,9 @@ DESCRIPTION = """For each interval of [--from, --to) (length --period), build th
 strategy from statistics known before the interval (Holt forecast; last value for
 dppick_nosmooth), and the hindsight oracle's plan from the interval's own statistics;
 run every distinct plan with the engine's interval evaluation on the same data and
-measure it (probe work = lookups + matches, engine seconds). Writes a table, a
+measure it (probe work = lookups + matches, engine seconds). exact_pmjoin and
+oracle_pmjoin choose PMJoin key groups (rule and D) as the re-optimization loop does;
+the last column says how many groups each interval's plan had. Writes a table, a
 summary and an HTML report with plots to <lake>/<namespace>/reports/<query>/evaluation/."""
 
 
@@ -79,11 +81,13 @@ def run(args) -> int:
 
 
 def format_summary(summary: list[dict]) -> str:
-    lines = [f"{'initial order':<14} {'strategy':<18} {'probe work':>11} {'vs oracle':>9} {'engine s':>9} {'changes':>7}"]
+    lines = [f"{'initial order':<14} {'strategy':<18} {'probe work':>11} {'vs oracle':>9} {'engine s':>9} {'changes':>7}"
+             f"  key groups"]
     oracle = {s["initial_order"]: s["probe_work"] for s in summary if s["strategy"] == "oracle"}
     for s in summary:
         base = oracle.get(s["initial_order"])
         rel = f"{(s['probe_work'] / base - 1) * 100:+.1f}%" if base else "-"
         lines.append(f"{s['initial_order']:<14} {s['strategy']:<18} {s['probe_work']:>11,} {rel:>9} "
-                     f"{s['batch_seconds']:>9.2f} {s['plan_changes']:>7}")
+                     f"{s['batch_seconds']:>9.2f} {s['plan_changes']:>7}  "
+                     + ",".join(str(g) for g in s.get("key_groups", [])))
     return "\n".join(lines)

@@ -12,6 +12,12 @@ costs, and write the plan (JSON, validated against the query).
   python -m mjoin optimize --query tpcds_returns_by_address --stats stats.json \\
       --strategy exact --out plan.json
   python -m mjoin optimize --query tpcds_returns_by_address --stats stats.json --compare
+  python -m mjoin optimize --query Q --key-groups .lake/stats --from T0 --to T1 --strategy exact
+
+With --key-groups, the key-to-group rule and D are chosen (PMJoin: hash, range, rate, cost
+candidates priced with the cost model summed over the groups plus the per-group overhead,
+out of sample) from the per-cell statistics of the history's cycles in [--from, --to); the
+groups' orders come from those cells regrouped.
 
 Costs: C_s is the expected cost of probing one new tuple of s; the plan's estimated
 cost is sum_s lambda_s * C_s per second (in seconds per second with a calibrated
@@ -22,7 +28,16 @@ def add_arguments(p):
     from ..optimize import STRATEGIES
 
     p.add_argument("--query", required=True, help="query spec path or name")
-    p.add_argument("--stats", required=True, help="statistics snapshot JSON (mjoin.statistics format)")
+    p.add_argument("--stats", help="statistics snapshot JSON (mjoin.statistics format); not with --key-groups")
+    p.add_argument("--key-groups", metavar="HISTORY",
+                   help="choose the key groups from the per-cell statistics of this statistics history (its root or "
+                        "the query's folder) in [--from, --to)")
+    p.add_argument("--from", dest="start", metavar="T0", help="--key-groups: first cycle (default: all)")
+    p.add_argument("--to", dest="end", metavar="T1", help="--key-groups: end, exclusive (default: all)")
+    p.add_argument("--partition-method", default="auto", choices=("auto", "hash", "range", "rate", "cost"),
+                   help="--key-groups: the rule's method (default auto: the cheapest)")
+    p.add_argument("--partition-groups", default="auto", metavar="D",
+                   help="--key-groups: number of groups (default auto: 1, 2, 4, 8 or 16, the cheapest)")
     p.add_argument("--strategy", choices=list(STRATEGIES), metavar="NAME",
                    help="one of: " + ", ".join(STRATEGIES))
     p.add_argument("--initial-order", help="comma-separated permutation of the streams (fixed; default: spec order)")
@@ -48,6 +63,13 @@ def run(args) -> int:
     if args.out and not args.strategy:
         raise UserError("--out writes the plan of --strategy: give --strategy too")
     query = load_query(args.query)
+    if args.key_groups:
+        if args.stats or args.compare or args.partitioning:
+            raise UserError("--key-groups chooses the rule and the statistics: not with --stats, --compare, "
+                            "--partitioning")
+        return _key_groups(args, query)
+    if not args.stats:
+        raise UserError("give --stats STATS.json (or --key-groups HISTORY)")
     stats = Statistics.load(args.stats)
     try:
         model = resolve_cost_model(args.cost_model)
@@ -75,6 +97,52 @@ def run(args) -> int:
                 print(f"wrote {args.out} ({plan.strategy}, estimated cost {plan.estimated_cost:.6g}/s)")
     except (OptimizerError, CostModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
+    return 0
+
+
+def _key_groups(args, query) -> int:
+    """--key-groups: choose the rule from the history's per-cell statistics, optimize its groups' orders."""
+    from ..cli import UserError
+    from ..cost import CostModelError, resolve_cost_model
+    from ..optimize import OptimizerError, optimize_partitioned
+    from ..optimizers.partitioning import GROUP_COUNTS, METHODS, Cells
+    from ..stats.history import CELL_KINDS, read_cells
+    from ..statistics import StatisticsError
+    from ..timeutil import iso
+
+    g = str(args.partition_groups)
+    if g != "auto" and not (g.isdigit() and int(g) >= 1):
+        raise UserError(f"--partition-groups {g!r}: auto or a number of groups")
+    try:
+        model = resolve_cost_model(args.cost_model)
+        cells = {}
+        for kind in CELL_KINDS:
+            rows = read_cells(args.key_groups, query.name, kind, start=args.start, end=args.end)
+            rules = rows.attrs.get("rules") or {}
+            if len(rows) and rules:
+                newest = rules[max(rules)]
+                keep = rows["cycle_start"].map(iso).isin({c for c, r in rules.items() if r == newest})
+                cells[kind] = Cells.from_rows(kind, newest, rows[keep])
+        if not cells:
+            raise UserError(f"{args.key_groups} holds no per-cell statistics of {query.name} in the range "
+                            "(the statistics job writes them in exact pass mode, for queries on one attribute class)")
+        methods = METHODS if args.partition_method == "auto" else (args.partition_method,)
+        counts = GROUP_COUNTS if g == "auto" else (1, int(g))
+        plan, choice = optimize_partitioned(query, cells, args.strategy, methods=methods, counts=counts,
+                                            cost_model=model, forced=g not in ("auto", "1"),
+                                            source={"statistics": str(args.key_groups)})
+    except (OptimizerError, CostModelError, StatisticsError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"query {query.name}: per-cell statistics of {args.key_groups} ("
+          + ", ".join(f"{k}: {c.cycles} cycles" for k, c in cells.items()) + ")")
+    print(f"cost model: {model.describe()}")
+    print(choice.describe())
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    if args.out:
+        plan.save(args.out)
+        print(f"wrote {args.out} ({plan.strategy}, {len(plan.group_ids)} key group(s), estimated cost "
+              f"{plan.estimated_cost:.6g}/s)")
     return 0
 
 

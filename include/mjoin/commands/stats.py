@@ -42,6 +42,11 @@ def add_arguments(p):
                    '\'{"method": "hash", "attr_class": "c0", "groups": 4}\'')
     p.add_argument("--histogram-buckets", type=int, default=1024, metavar="B",
                    help="per-key rate histogram buckets pmod(key, B) (default 1024; 0: exact keys)")
+    p.add_argument("--key-buckets", type=int, default=StatsConfig.key_buckets, metavar="B",
+                   help="per-key-bucket statistics pmod(key, B) in the same pass, what the optimizer prices key-group "
+                        "rules with (exact pass mode, one attribute class; default %(default)s; 0: none)")
+    p.add_argument("--key-ranges", type=int, default=StatsConfig.key_ranges, metavar="R",
+                   help="per-key-range statistics over R equal ranges of [0, 2^k) (default %(default)s; 0: none)")
     p.add_argument("--sketch-depth", type=int, default=5, help="sketch mode: hash tables (default 5)")
     p.add_argument("--sketch-width", type=int, default=1024, help="sketch mode: buckets per table (default 1024)")
     p.add_argument("--sketch-dense-keys", type=int, default=64, help="sketch mode: heavy keys per stream held exactly")
@@ -96,7 +101,8 @@ def run(args) -> int:
     rule, rule_from = _partitioning(args, query, lake)
     config = StatsConfig(mode=args.mode, partitioning=rule, histogram_buckets=args.histogram_buckets,
                          prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None,
-                         method=args.method, driver_rows=args.driver_rows)
+                         method=args.method, driver_rows=args.driver_rows, key_buckets=args.key_buckets,
+                         key_ranges=args.key_ranges)
     try:
         spark = get_spark("mjoin-stats", allow_remote=True)  # MJOIN_SPARK_REMOTE: a warm Connect session
     except SparkConnectUnavailable as exc:
@@ -118,6 +124,12 @@ def run(args) -> int:
               + (f", {len(st['rejected_files'])} files SKIPPED" if st["rejected_files"] else ""))
         for r in st["rejected_files"]:
             print(f"    skipped {r['file']}: {r['reason']}")
+    cells = s.get("cells") or {}
+    if cells.get("sets"):
+        print("  per-cell statistics: " + ", ".join(
+            f"{k} ({r['groups'] if r['method'] == 'hash' else len(r['bounds']) + 1} cells)" for k, r in cells["sets"].items()))
+    if cells.get("note"):
+        print(f"  per-cell statistics: {cells['note']}")
     print(f"  history {s['out']}")
     print(f"  summary {s['summary_file']}")
     return 0

@@ -164,6 +164,15 @@ def _improvement(run: GateRun, query, candidate: Plan, active, cost_fn, cost_new
             return {"active_cost": None, "improvement": None}
     run.details["active_version"] = active.version
     run.details["diff"] = candidate.diff(active)
+    # the whole plan is compared: a new key-to-group rule passes only with the orders' gain, by the same threshold
+    rule_changed = (candidate.partitioning or None) != (active.partitioning or None)
+    run.details["key_groups"] = {"active": active.partitioning, "candidate": candidate.partitioning,
+                                 "changed": rule_changed, "active_groups": len(active.group_ids),
+                                 "candidate_groups": len(candidate.group_ids)}
+    if rule_changed:
+        run.note(f"key groups change: {len(active.group_ids)} -> {len(candidate.group_ids)} "
+                 f"({(active.partitioning or {}).get('method', 'one group')} -> "
+                 f"{(candidate.partitioning or {}).get('method', 'one group')}); each plan costed under its own groups")
     if candidate.same_orders(active):
         run.note(f"the candidate has the same orders as the active plan v{active.version}")
     try:

@@ -50,22 +50,25 @@ def _pdf(df) -> pd.DataFrame:
 
 
 def one_pass(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int]],
-             class_members: dict[int, list[int]], buckets: int, partitions: int, *, on_driver: bool = False) -> dict:
+             class_members: dict[int, list[int]], buckets: int, partitions: int, *, on_driver: bool = False,
+             cells: tuple = ()) -> dict:
     """Every exact statistic of the interval in one Spark job (see the module doc); the frames of
     :func:`mjoin.stats.kernel.reduce_partials`, plus ``seconds`` (Spark job, reduce) and ``partial_rows``.
-    ``on_driver``: collect the routed rows and run the kernel once on the driver (small intervals)."""
-    params = kernel_params(grid, windows_us, stream_classes, class_members, buckets)
+    ``on_driver``: collect the routed rows and run the kernel once on the driver (small intervals).
+    ``cells``: per-cell statistics in the same pass (``kernel.Params.cells``; one attribute class only)."""
+    params = kernel_params(grid, windows_us, stream_classes, class_members, buckets, cells)
     if on_driver:
         return run_on_driver(route(base, stream_classes, buckets, None), params)
     return run_partials(route(base, stream_classes, buckets, partitions), params)
 
 
-def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int):
+def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int, cells: tuple = ()):
     from . import kernel
 
     return kernel.Params(grid.t0_us, grid.t1_us, grid.tau_us, tuple(int(w) for w in windows_us),
                          tuple(cs[0] for cs in stream_classes),
-                         tuple(tuple(class_members[ci]) for ci in range(len(class_members))), int(buckets))
+                         tuple(tuple(class_members[ci]) for ci in range(len(class_members))), int(buckets),
+                         tuple(cells))
 
 
 def route(base, stream_classes: list[list[int]], buckets: int, partitions: int | None):

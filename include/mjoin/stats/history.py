@@ -7,6 +7,10 @@ Layout under a history root (``<lake>/stats`` by default, ``--out DIR`` replaces
                                                              NULL keys, per-class kappa, run)
     <root>/<query>/_histogram/cycle=<epoch>/part-00000.parquet   per-key rate histogram of the cycle
     <root>/<query>/_runs/<from>-<to>.json                    job summaries (wall time, rejected input)
+    <root>/<query>/_cells/<kind>/cycle=<epoch>/part-00000.parquet   the same tidy rows per key cell
+                                                             (``group`` = cell; kind ``buckets``: pmod(key, B),
+                                                             ``ranges``: key ranges); the cell rule is in the
+                                                             cycle's ``_cycle.json`` (``cells``)
 
 ``<epoch>`` is the cycle start in whole epoch seconds. A cycle folder is
 replaced as a whole (written under a dot-name, then renamed into place), so
@@ -41,6 +45,8 @@ CYCLE_DIR = re.compile(r"^cycle=(-?\d+)$")
 PART_FILE = "part-00000.parquet"
 META_FILE = "_cycle.json"
 HISTOGRAM_DIR = "_histogram"
+CELLS_DIR = "_cells"
+CELL_KINDS = ("buckets", "ranges")
 RUNS_DIR = "_runs"
 
 _NUMERIC = ("lambda", "kappa", "window_tuples", "tuples", "gamma", "mu", "q", "m", "s")
@@ -232,6 +238,49 @@ def write_cycles(root, query_name: str, epochs, rows: pd.DataFrame, meta: dict,
     # small files and renames: a few threads hide the file system's latency (each cycle is its own folder)
     with ThreadPoolExecutor(max_workers=4) as pool:
         return list(pool.map(one, epochs))
+
+
+def write_cells(root, query_name: str, kind: str, epochs, rows: pd.DataFrame) -> list[str]:
+    """Replace the per-cell rows (``group`` = cell) of the cycles ``epochs`` (each one folder, atomically; a
+    cycle without rows gets an empty file). Written before the cycles themselves by the statistics job."""
+    if kind not in CELL_KINDS:
+        raise HistoryError(f"unknown cell kind {kind!r} ({', '.join(CELL_KINDS)})")
+    epochs = [_cycle_epoch(e) for e in epochs]
+    _check_query(rows, query_name)
+    cd = fsutil.join(query_dir(root, query_name), CELLS_DIR, kind)
+    ranges, rows_t = _by_cycle(_table(rows, HISTORY_SCHEMA))
+
+    def one(epoch):
+        a, b = ranges.get(epoch, (0, 0))
+        final = fsutil.join(cd, cycle_name(epoch))
+        _write_dir_atomically(final, {PART_FILE: rows_t.slice(a, b - a)})
+        return final
+
+    if len(epochs) < 4:
+        return [one(e) for e in epochs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(one, epochs))
+
+
+def read_cells(root, query_name: str | None, kind: str, start=None, end=None) -> pd.DataFrame:
+    """Per-cell tidy rows (``group`` = cell) of the stored cycles in ``[start, end)`` that have them, sorted by
+    cycle; ``df.attrs["rules"]`` maps each cycle's ISO start to its cell rule (``_cycle.json``'s ``cells``)."""
+    qd, name = resolve_query_dir(root, query_name)
+    cd = fsutil.join(qd, CELLS_DIR, kind)
+    fs, base = fsutil.resolve(qd)
+    _, cbase = fsutil.resolve(cd)
+    rules, paths = {}, []
+    for e in _epochs_in(qd, start, end):
+        rule = (_read_meta_path(fs, f"{base}/{cycle_name(e)}/{META_FILE}").get("cells") or {}).get(kind)
+        p = f"{cbase}/{cycle_name(e)}/{PART_FILE}"
+        if rule and fs.get_file_info(p).type == pafs.FileType.File:
+            rules[iso(e)] = rule
+            paths.append(p)
+    df = _read_files(paths, HISTORY_SCHEMA, fs).to_pandas()
+    df = df.sort_values(["cycle_start", "group", "entity", "stream", "right"], kind="stable",
+                        na_position="first").reset_index(drop=True)
+    df.attrs["rules"] = rules
+    return df
 
 
 def write_run_summary(root, query_name: str, summary: dict) -> str:

@@ -52,6 +52,11 @@ class StatsConfig:
     # the attribute classes; Parquet footers); 0: always on the executors. The kernel's peak memory is
     # about 370 bytes per row (TPC-DS sf 1, 600k rows: 220 MB), so the default stays under ~400 MB
     driver_rows: int = 1_000_000
+    # per-cell statistics in the same pass (exact pass mode, queries on one attribute class): per key bucket
+    # pmod(key, B) and per key range (R equal ranges of [0, 2^k) >= the keys), what the optimizer needs to
+    # price key-to-group rules it has not run (mjoin.optimizers.partitioning); 0: none
+    key_buckets: int = 64
+    key_ranges: int = 64
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -65,6 +70,8 @@ class StatsRun:
     histogram: pd.DataFrame  # history.HISTOGRAM_COLUMNS
     cycle_meta: dict  # cycle epoch -> _cycle.json content
     summary: dict = field(default_factory=dict)
+    #: per-cell statistics: kind ("buckets", "ranges") -> (cell rule, tidy rows with group = cell)
+    cells: dict = field(default_factory=dict)
 
     def snapshot(self, cycle_start) -> Statistics:
         return history.snapshot(self.rows, cycle_start)
@@ -96,6 +103,9 @@ def _check_config(query, config: StatsConfig) -> None:
         raise StatsJobError(f"method {config.method!r}: use one of {', '.join(METHODS)}")
     if int(config.driver_rows) < 0:
         raise StatsJobError(f"driver rows must be >= 0 (0: always run the kernel on the executors), got {config.driver_rows}")
+    if int(config.key_buckets) < 0 or int(config.key_ranges) < 0:
+        raise StatsJobError(f"key buckets and key ranges must be >= 0 (0: none), got {config.key_buckets}, "
+                            f"{config.key_ranges}")
     if int(config.histogram_buckets) < 0:
         raise StatsJobError(f"histogram buckets must be >= 1 (or 0 for exact keys), got {config.histogram_buckets}")
     problems = rule_problems(config.partitioning, query)
@@ -117,14 +127,17 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
 
     base, reports = load_streams(spark, query, lake, grid, config.partitioning, prune_arrivals=config.prune_arrivals)
     timings["plan"] = time.perf_counter() - t_start  # listing and checking the landed files
+    cell_sets, cell_note = cell_rules(query, config, reports)
     sketch_info = kernel_where = None
+    cell_frames = []
     if config.mode == "exact" and config.method == "pass":
         t = time.perf_counter()
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         routed_bound = sum(reports[s].rows_in_files * len(stream_classes[sid]) for sid, s in enumerate(query.stream_names))
         on_driver = 0 < routed_bound <= int(config.driver_rows)
         res = exact.one_pass(base, grid, windows_us, stream_classes, class_members, config.histogram_buckets,
-                             partitions, on_driver=on_driver)
+                             partitions, on_driver=on_driver, cells=tuple(kernel_cells(r) for r in cell_sets.values()))
+        cell_frames = res["cells"]
         kernel_where = {"where": "driver" if on_driver else "executors", "rows_bound": routed_bound,
                         "driver_rows": int(config.driver_rows)}
         log.info("statistics kernel on the %s (at most %d routed rows; driver_rows %d)", kernel_where["where"],
@@ -142,6 +155,14 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
             key_range = {(int(a), int(c)): (int(r.lo), int(r.hi)) for (a, c), r in kr.iterrows()}
     t = time.perf_counter()
     run = _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes)
+    for (kind, rule), fr in zip(cell_sets.items(), cell_frames):
+        rows = _assemble(query, grid, replace(config, partitioning=rule), fr["counts"], fr["window_tuples"],
+                         fr["kappa"], fr["edges"], None, stream_classes, classes).rows
+        rows.attrs.clear()
+        run.cells[kind] = (rule, rows)
+    for m in run.cycle_meta.values():
+        m["cells"] = {kind: rule for kind, (rule, _) in run.cells.items()}
+    run.rows.attrs["cycles"] = {iso(e): m for e, m in run.cycle_meta.items()}
     timings["assemble"] = time.perf_counter() - t
     if getattr(query, "bands", ()):  # edges a band filters: their matches as the engine keeps them
         from .bands import apply_bands
@@ -150,6 +171,7 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
         run.rows = apply_bands(run.rows, query, lake, grid)
         timings["bands"] = time.perf_counter() - t
     run.summary = _summary(query, grid, config, counts, key_range, reports, stream_classes, classes)
+    run.summary["cells"] = {"sets": {kind: rule for kind, (rule, _) in run.cells.items()}, "note": cell_note}
     if sketch_info:
         run.summary["sketch"] = sketch_info
     if kernel_where:
@@ -157,6 +179,54 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     run.summary["wall_seconds"] = {"compute": time.perf_counter() - t_start, **timings}
     run.summary["spark"] = session_info(spark)
     return run
+
+
+def cell_rules(query, config: StatsConfig, reports) -> tuple[dict, str]:
+    """``({kind: cell rule}, note)``: the key cells whose statistics this run computes in the same pass.
+
+    ``buckets``: ``{"method": "hash", "groups": B}`` (cell = ``pmod(key, B)``); ``ranges``: a range rule of
+    ``R`` equal ranges of ``[0, 2^k)``, ``2^k`` the smallest power of two above every key of the interval's
+    files (from their Parquet footers; negative keys fall in the first range), so the cells stay the same
+    from run to run while the key domain stays under ``2^k``. None when the run cannot compute them (the
+    note says why): they need exact mode's one pass and a query on one attribute class (a cell is then a
+    function of every join key, so matches stay within a cell)."""
+    if not (config.key_buckets or config.key_ranges):
+        return {}, "off (key_buckets = key_ranges = 0)"
+    if config.mode != "exact" or config.method != "pass":
+        return {}, "per-cell statistics are computed by exact mode's one pass only (--mode exact --method pass)"
+    classes = query.all_classes
+    if len(classes) != 1:
+        return {}, f"per-cell statistics need a query on one attribute class ({query.name} has {len(classes)})"
+    cls = classes[0]
+    out, notes = {}, []
+    if config.key_buckets:
+        out["buckets"] = {"method": "hash", "attr_class": cls, "groups": int(config.key_buckets)}
+    if config.key_ranges:
+        hi, unknown = None, []
+        for s in query.streams:
+            col = query.key_column(s.name, cls)
+            rng = reports[s.name].key_range.get(col, ())  # (): no file, or only NULL keys
+            if rng is None:
+                unknown.append(s.name)
+            elif rng:
+                hi = rng[1] if hi is None else max(hi, rng[1])
+        if unknown:
+            notes.append(f"no key ranges: the Parquet footers of {', '.join(unknown)} have no key statistics")
+        elif hi is None or hi < 1:
+            notes.append("no key ranges: no positive key in the interval's files")
+        else:
+            span = 1 << int(hi).bit_length()  # smallest power of two > hi
+            r = min(int(config.key_ranges), span)
+            width = span // r
+            out["ranges"] = {"method": "range", "attr_class": cls, "bounds": [width * i for i in range(1, r)]}
+    return out, "; ".join(notes)
+
+
+def kernel_cells(rule: dict) -> tuple:
+    """A cell rule as :attr:`mjoin.stats.kernel.Params.cells` takes it."""
+    if rule["method"] == "hash":
+        return ("mod", int(rule["groups"]))
+    return ("range", tuple(int(b) for b in rule["bounds"]))
 
 
 def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_members, timings):
@@ -208,8 +278,10 @@ def run_statistics(spark, query, lake, start, end, cycle_seconds, *, out=None,
     history.check_grid(root, query.name, grid.t0_us / US, grid.t1_us / US, grid.tau)
     run = compute_statistics(spark, query, lake, start, end, cycle_seconds, config)
     t = time.perf_counter()
-    history.write_cycles(root, query.name, [grid.start_epoch(j) for j in range(grid.n)], run.rows, run.cycle_meta,
-                         run.histogram)
+    epochs = [grid.start_epoch(j) for j in range(grid.n)]
+    for kind, (_, rows) in run.cells.items():  # before the cycles: a cycle present has its cells
+        history.write_cells(root, query.name, kind, epochs, rows)
+    history.write_cycles(root, query.name, epochs, run.rows, run.cycle_meta, run.histogram)
     run.summary["wall_seconds"]["write"] = time.perf_counter() - t
     run.summary["wall_seconds"]["total"] = time.perf_counter() - t_start
     run.summary["out"] = history.query_dir(root, query.name)

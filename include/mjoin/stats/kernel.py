@@ -28,6 +28,12 @@ of ``s`` at ``t``: rows with ``t - W_s < ts <= t``):
   ``(group, key, ts)``;
 - ``HIST``: rows per ``(sid, ci, j, bucket)``, ``bucket = pmod(key, B)`` (``B = 0``: the key);
   ``KEYRANGE``: min and max key per ``(sid, ci)`` (are the buckets the keys themselves?).
+- per-cell statistics (``Params.cells``, queries on one attribute class only): the same ``ROWS``,
+  ``WT``, ``KAPPA`` and ``EDGE`` counts per key *cell* instead of per key group, for each cell set
+  (``("mod", B)``: ``pmod(key, B)``; ``("range", bounds)``: the number of bounds ``<= key``), as kinds
+  ``CELL_KIND * (i + 1) + kind``. A cell is a function of the key, so matches (same key) stay within
+  a cell and the per-probe counts of ``EDGE`` are only aggregated once more; rows with a NULL key
+  have no cell. What the optimizer needs to price key-to-group rules it has not run (PMJoin).
 
 The work is a few sorts and binary searches of the partition's rows: no band join, no
 per-key Python loop.
@@ -40,6 +46,8 @@ import numpy as np
 import pyarrow as pa
 
 ROWS, NN, WT, KAPPA, EDGE, HIST, KEYRANGE = range(7)
+#: kinds of cell set ``i``: ``CELL_KIND * (i + 1) + ROWS / WT / KAPPA / EDGE``
+CELL_KIND = 8
 #: the output of :func:`partials`: one row per nonzero partial count
 OUT_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("sid", pa.int32()), ("r", pa.int32()), ("ci", pa.int32()), ("g", pa.int64()),
@@ -60,10 +68,18 @@ class Params:
     first_class: tuple  # per sid: index of the stream's first attribute class
     class_members: tuple  # per ci: the sids in the class
     buckets: int  # histogram buckets B (0: exact keys)
+    cells: tuple = ()  # cell sets: ("mod", B) or ("range", (b1, ..., b_{R-1})); one attribute class only
 
     @property
     def n(self) -> int:
         return (self.t1_us - self.t0_us) // self.tau_us
+
+    def cell_of(self, i: int, keys: np.ndarray) -> np.ndarray:
+        """Cell of every key in cell set ``i`` (``partition.group_of`` of the cell rule)."""
+        how, arg = self.cells[i]
+        if how == "mod":
+            return np.mod(keys, int(arg))
+        return np.searchsorted(np.asarray(arg, dtype=np.int64), keys, side="right").astype(np.int64)
 
 
 def _cdiv(a: np.ndarray, b: int) -> np.ndarray:
@@ -223,6 +239,25 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     kj = j[keyed]
     kuniq, kinv = _rank(kk)
     K = len(kuniq)
+    # per-cell statistics: the cell of every distinct key, then ROWS and WT per (sid, cell, j)
+    cell_labels = [p.cell_of(i, kuniq) for i in range(len(p.cells))] if ci == 0 else []
+    for i, lab_k in enumerate(cell_labels):
+        L = int(lab_k.max()) + 1
+        lab = lab_k[kinv]
+        c, v = _sum_by((ks * L + lab) * (n + 3) + kj + 2)
+        sl, jr = np.divmod(c, n + 3)
+        s_, li = np.divmod(sl, L)
+        out.add(CELL_KIND * (i + 1) + ROWS, len(c), sid=s_, ci=ci, g=li, j=jr - 2, v0=v)
+        ja = np.maximum(_cdiv(kt - T0 - tau, tau), 0)
+        jb = np.maximum(_cdiv(kt + kW - T0 - tau, tau), 0)
+        base = (ks * L + lab) * n
+        codes = np.concatenate([base + ja, base + jb])
+        w = np.concatenate([np.ones(len(ja)), -np.ones(len(jb))])
+        inside = np.concatenate([ja, jb]) < n
+        c, v = _sum_by(codes[inside], w[inside])
+        sl, jr = np.divmod(c, n)
+        s_, li = np.divmod(sl, L)
+        out.add(CELL_KIND * (i + 1) + WT, len(c), sid=s_, ci=ci, g=li, j=jr, v0=v)
     # ---- KAPPA: distinct keys in the state at each cycle end --------------------------------------
     ja = np.maximum(_cdiv(kt - T0 - tau, tau), 0)
     jc = np.minimum((kt + kW - 1 - T0 - tau) // tau, n - 1)
@@ -253,6 +288,14 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
         sg2, jr = np.divmod(c, n)
         s_, gi = np.divmod(sg2, G)
         out.add(KAPPA, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr, v0=v)
+        for i, lab_k in enumerate(cell_labels):  # the same runs, per (sid, cell of the key)
+            L = int(lab_k.max()) + 1 if len(lab_k) else 1
+            sl = (sg // G) * L + lab_k[gkey[grow] % K]
+            codes = np.concatenate([sl * n + start[grow], sl * n + c_[grow] + 1])
+            c, v = _sum_by(codes[inside], w[inside])
+            sl2, jr = np.divmod(c, n)
+            s_, li = np.divmod(sl2, L)
+            out.add(CELL_KIND * (i + 1) + KAPPA, len(c), sid=s_, ci=ci, g=li, j=jr, v0=v)
 
     # ---- HIST: rows per (sid, j, bucket) of the interval's cycles; key range per stream -----------
     hm_all = t_ok & k_ok & (j >= 0) & (j < n)  # the histogram does not need a key group
@@ -283,7 +326,7 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     grp = kg * K + kinv  # (group, key): matches only within the same group and key
     ngrp = int(grp.max()) + 1
     chunk = max(1, _I64_MAX // span)  # (group, key) ids per chunk so that the codes fit in int64
-    acc = {}
+    acc, cell_acc = {}, {}
     for lo in range(0, ngrp, chunk):
         inc = (grp >= lo) & (grp < lo + chunk) if ngrp > chunk else np.ones(len(grp), dtype=bool)
         code = (grp - lo) * span + (kt - tmin)
@@ -299,9 +342,15 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
             if not inside.any():
                 continue
             pc = srt[inside]
-            pcode = ((pc // span + lo) // K) * n + (tl[inside] - T0) // tau  # (group id, cycle) of each probe
+            cyc = (tl[inside] - T0) // tau
+            pcode = ((pc // span + lo) // K) * n + cyc  # (group id, cycle) of each probe
             c, inv = _dense(pcode)
             q = np.bincount(inv, minlength=len(c)).astype(np.int64)
+            # the same probes per (cell, cycle), for every cell set
+            cells = []
+            for i, lab_k in enumerate(cell_labels):
+                cc, cinv = _dense(lab_k[(pc // span + lo) % K] * n + cyc)
+                cells.append((i, cc, cinv, np.bincount(cinv, minlength=len(cc)).astype(np.int64)))
             for r in members:
                 if r == l:
                     continue
@@ -311,15 +360,26 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
                 mm = np.bincount(inv, weights=cnt > 0, minlength=len(c))
                 ss = np.bincount(inv, weights=cnt, minlength=len(c))
                 acc.setdefault((l, r), []).append((c, q, np.rint(mm).astype(np.int64), np.rint(ss).astype(np.int64)))
-    for (l, r), parts in acc.items():
+                for i, cc, cinv, cq in cells:
+                    mm = np.bincount(cinv, weights=cnt > 0, minlength=len(cc))
+                    ss = np.bincount(cinv, weights=cnt, minlength=len(cc))
+                    cell_acc.setdefault((i, l, r), []).append((cc, cq, np.rint(mm).astype(np.int64),
+                                                               np.rint(ss).astype(np.int64)))
+    for key_, parts in list(acc.items()) + list(cell_acc.items()):
         c = np.concatenate([x[0] for x in parts])
         vals = [np.concatenate([x[i] for x in parts]) for i in (1, 2, 3)]
-        if len(parts) > 1:  # several chunks: sum per (group, cycle)
+        if len(parts) > 1:  # several chunks: sum per (group or cell, cycle)
             u, inv = np.unique(c, return_inverse=True)
             vals = [np.bincount(inv, weights=v, minlength=len(u)).astype(np.int64) for v in vals]
             c = u
         gi, jr = np.divmod(c, n)
-        out.add(EDGE, len(c), sid=l, r=r, ci=ci, g=g_out(gi), j=jr, v0=vals[0], v1=vals[1], v2=vals[2])
+        if len(key_) == 2:
+            l, r = key_
+            out.add(EDGE, len(c), sid=l, r=r, ci=ci, g=g_out(gi), j=jr, v0=vals[0], v1=vals[1], v2=vals[2])
+        else:
+            i, l, r = key_
+            out.add(CELL_KIND * (i + 1) + EDGE, len(c), sid=l, r=r, ci=ci, g=gi, j=jr, v0=vals[0], v1=vals[1],
+                    v2=vals[2])
 
 
 # ---- driver side -------------------------------------------------------------------------------
@@ -357,8 +417,22 @@ def reduce_partials(table: pa.Table, p: Params, nclasses: int) -> dict:
     if len(kr):
         g = kr.groupby(["sid", "ci"]).agg(lo=("v1", "min"), hi=("v2", "max"))
         key_range = {(int(s), int(c)): (int(r.lo), int(r.hi)) for (s, c), r in g.iterrows()}
+    cells = []
+    for i in range(len(p.cells)):
+        base_kind = CELL_KIND * (i + 1)
+        rows_c = agg(df[df["kind"] == base_kind + ROWS], ["sid", "g", "j"], ["v0"]).rename(columns={"v0": "rows"})
+        rows_c["nn0"] = rows_c["rows"]
+        cells.append({
+            "counts": rows_c,
+            "window_tuples": _prefix(agg(df[df["kind"] == base_kind + WT], ["sid", "g", "j"], ["v0"]), ["sid", "g"], n,
+                                     "window_tuples"),
+            "kappa": _prefix(agg(df[df["kind"] == base_kind + KAPPA], ["sid", "ci", "g", "j"], ["v0"]),
+                             ["sid", "ci", "g"], n, "kappa"),
+            "edges": agg(df[df["kind"] == base_kind + EDGE], ["ci", "g", "j", "sid", "r"], ["v0", "v1", "v2"]).rename(
+                columns={"sid": "l", "v0": "q", "v1": "m", "v2": "s"}),
+        })
     return {"counts": counts, "window_tuples": wt, "kappa": kap, "edges": edges, "histogram": hist,
-            "key_range": key_range}
+            "key_range": key_range, "cells": cells}
 
 
 def _prefix(deltas, keys: list[str], n: int, name: str):

@@ -62,11 +62,23 @@ class StreamReport:
     arrivals_scanned: int = 0
     arrivals_total: int = 0
     rows_in_files: int = 0  # rows of the files read (their Parquet footers): a bound on the rows the job reads
+    #: per key column: (min, max) over the files read, from the footers' column statistics (None: a file has none)
+    key_range: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"source": self.source, "files": self.files, "rejected_files": self.rejected_files,
                 "arrivals_scanned": self.arrivals_scanned, "arrivals_total": self.arrivals_total,
                 "rows_in_files": self.rows_in_files}
+
+    def add_key_range(self, column: str, lo_hi) -> None:
+        """Widen ``column``'s range by one file's ``(min, max)``; a file without statistics makes it unknown."""
+        if column in self.key_range and self.key_range[column] is None:
+            return
+        if lo_hi is None:
+            self.key_range[column] = None
+            return
+        old = self.key_range.get(column)
+        self.key_range[column] = lo_hi if old is None else (min(old[0], lo_hi[0]), max(old[1], lo_hi[1]))
 
 
 def fdiv(a: str, b: int) -> str:
@@ -203,12 +215,35 @@ def _spark_type(t: pa.DataType) -> str:
     return "string"
 
 
-def _footer_of(path) -> tuple[pa.Schema, int]:
-    """A landed file's Arrow schema and row count (its Parquet footer only)."""
+def _footer_of(path, columns=()) -> tuple[pa.Schema, int, dict]:
+    """A landed file's Arrow schema, row count and, per integral column of ``columns``, the ``(min, max)`` of
+    its values from the row groups' statistics (``()``: only NULLs; ``None``: a row group has no statistics):
+    its Parquet footer only."""
     fs, p = fsutil.resolve(path)
     with fs.open_input_file(p) as f:
         pf = pq.ParquetFile(f)
-        return pf.schema_arrow, pf.metadata.num_rows
+        meta, schema = pf.metadata, pf.schema_arrow
+        ranges = {}
+        for c in columns:
+            if c not in schema.names or not pa.types.is_integer(schema.field(c).type):
+                continue
+            j = schema.get_field_index(c)
+            lo = hi = None
+            for rg in range(meta.num_row_groups):
+                col = meta.row_group(rg).column(j)
+                st = col.statistics
+                if st is not None and st.has_null_count and st.null_count >= meta.row_group(rg).num_rows:
+                    continue  # only NULLs (or no rows): no key to bound
+                if st is None or not st.has_min_max:
+                    lo = None
+                    break
+                lo = int(st.min) if lo is None else min(lo, int(st.min))
+                hi = int(st.max) if hi is None else max(hi, int(st.max))
+            else:
+                ranges[c] = () if lo is None else (lo, hi)
+                continue
+            ranges[c] = None
+        return schema, meta.num_rows, ranges
 
 
 def _spark_path(path: str) -> str:
@@ -227,7 +262,7 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         by_schema: dict = {}
         for f in files:
             try:
-                schema, num_rows = _footer_of(f)
+                schema, num_rows, ranges = _footer_of(f, s.keys)
             except (OSError, pa.ArrowInvalid) as exc:
                 rep.rejected_files.append({"file": f, "reason": f"unreadable Parquet: {exc}"})
                 continue
@@ -238,6 +273,9 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s, query))
             by_schema.setdefault(sig, []).append(f)
             rep.rows_in_files += num_rows
+            for c, lo_hi in ranges.items():
+                if lo_hi != ():
+                    rep.add_key_range(c, lo_hi)
         rep.files = sum(len(v) for v in by_schema.values())
         for r in rep.rejected_files:
             log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])

@@ -63,6 +63,34 @@ def _mixed(n: int) -> dict:
     return doc
 
 
+def _stripes(n: int) -> dict:
+    """PMJoin's case: key groups that favour different probe orders, drifting.
+
+    The key's residue mod 32 is its stripe (schedule.py). ``s1`` is hot on stripes 0-13 and
+    ``s2`` on 16-29 (a hot key 10^9 times as popular as a cold one: the other keys hardly
+    ever see them); ``s0`` (twice their rate) and the others (1% of it) are uniform; the
+    rates' mean is the base rate. A new tuple of ``s0`` should probe ``s2`` first where ``s1``
+    is hot (it dies at once) and ``s1`` first where ``s2`` is; one order for all keys fetches
+    the hot stream's whole key list for a part of them. Hash and range groups mix both
+    (a residue class spans the key range; hash ``D <= 16`` takes stripes ``c`` and ``c + 16``
+    together); buckets ``key mod B`` (``32 | B``) rank the streams by rate in three ways, which
+    the rate-based rule finds. The hot stripes drift: ``s1``'s and ``s2``'s shift ramp by 2
+    over the workload, so buckets change groups and the rule must be recomputed; the gaps of
+    2 stripes keep the two hot sets apart within any window shorter than the workload. So
+    there are next to no results: a key hot in one striped stream is cold in the other."""
+    striped = [(i, shift) for i, shift in ((1, 0), (2, 16)) if i < n]  # two streams: s1 alone is striped
+    weight = [2.0] + [1.0 if i < 3 else 0.01 for i in range(1, n)]
+    norm = n / sum(weight)  # the rates' mean is the base rate, as in every preset
+    streams = {f"s{i}": {"rate": f"{w * norm:.12g}x"} for i, w in enumerate(weight)}
+    for i, shift in striped:
+        streams[f"s{i}"].update({"stripes": 32, "hot": 14, "contrast": 1e9, "shift": shift})
+    return {"description": "s1 hot on key stripes 0-13 mod 32, s2 on 16-29, s0 and the rest uniform; the hot "
+                           "stripes drift by 2 (PMJoin: key groups favour different orders)",
+            "defaults": {"zipf": 0.0, "offset": 0, "null_rate": 0.0}, "streams": streams,
+            "events": [{"type": "ramp", "from": "0%", "to": "100%", "stream": f"s{i}", "param": "shift",
+                        "value": shift + 2} for i, shift in striped]}
+
+
 PRESETS = {
     "stationary": _stationary,
     "rate-swap": _rate_swap,
@@ -70,6 +98,7 @@ PRESETS = {
     "skew-drift": _skew_drift,
     "burst": _burst,
     "mixed": _mixed,
+    "stripes": _stripes,
 }
 
 

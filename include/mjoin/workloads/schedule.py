@@ -15,7 +15,17 @@ Parameters (per stream): ``rate`` (tuples/s), ``zipf`` (exponent ``a`` of the ke
 popularity, 0 = uniform), ``domain`` (number of distinct keys), ``offset`` (the
 smallest key), ``shift`` (rotates which keys are popular), ``null_rate`` (share of
 NULL keys). A tuple's key is ``offset + (rank + shift) mod domain`` with ``rank``
-drawn from Zipf(a) over ``0..domain-1`` (rank 0 the most popular). Streams match
+drawn from Zipf(a) over ``0..domain-1`` (rank 0 the most popular).
+
+Striped keys (``stripes`` ``M > 1``, ``hot`` ``H``, ``contrast`` ``k``): popularity depends on
+the key's residue mod ``M`` (its *stripe*) instead of a Zipf rank. The ``H`` stripes
+``shift, shift + 1, ..., shift + H - 1`` (mod ``M``) are hot: each of their keys is ``k``
+times as popular as a key of another stripe; within a stripe the keys ``offset + stripe +
+M u`` (``u`` in ``0..domain/M - 1``) are equally popular (``zipf`` is not used). Two streams
+whose hot stripes differ favour different probe orders in different residue classes, spread
+over the whole key range: key buckets ``key mod B`` (``M`` dividing ``B``) rank the streams
+differently by rate, which PMJoin's rate-based partitioning finds and hash or range
+partitioning cannot (the ``stripes`` preset). Streams match
 where their ``[offset, offset + domain)`` ranges overlap, most where their popular
 keys (``offset + shift`` onwards) coincide: moving ``offset`` moves a stream out of
 the others' domain (its match rates drop), moving ``shift`` moves its hot keys.
@@ -50,6 +60,9 @@ PARAMS = {
     "offset": (0, -(2 ** 62), 2 ** 62, True),
     "shift": (0, -(2 ** 62), 2 ** 62, True),
     "null_rate": (0.0, 0.0, 1.0, False),
+    "stripes": (1, 1, 65536, True),
+    "hot": (1, 1, 65536, True),
+    "contrast": (1.0, 1.0, 1e12, False),
 }
 EVENT_TYPES = ("step", "ramp", "burst")
 #: Zipf exponents are quantized to this step so sampling can share one CDF per (exponent, domain).

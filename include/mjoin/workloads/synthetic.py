@@ -6,7 +6,8 @@ parameters are the schedule's values at the tick's midpoint; the tick holds
 ``Poisson(rate * tick)`` tuples at uniform times within it; each tuple's key is
 ``offset + (rank + shift) mod domain`` with ``rank ~ Zipf(zipf)`` over
 ``0..domain-1`` (exact finite-domain inverse-CDF sampling, exponent quantized to
-0.01), NULL with probability ``null_rate``. Columns: ``key`` (int64), ``ts``
+0.01), NULL with probability ``null_rate``; or, for striped streams (``stripes > 1``), by the
+weight of the key's residue mod ``stripes`` (schedule.py). Columns: ``key`` (int64), ``ts``
 (timestamp, UTC), ``id`` (int64, 0.. per stream in arrival order), ``payload``
 (float64, uniform in [0, 1)).
 
@@ -75,6 +76,10 @@ def generate_stream(schedule: Schedule, stream: str, start_us: int, seed_seq: np
         if sel.any():
             rank[sel] = np.minimum(np.searchsorted(zipf_cdf(a, int(d)), u_key[sel], side="right"), int(d) - 1)
     key = offset[tick] + np.mod(rank + shift[tick], domain[tick])
+    stripes = schedule.value(stream, "stripes", mid).astype(np.int64)
+    if (stripes > 1).any():  # striped ticks: a stripe (residue mod M) by its weight, a key uniform within it
+        key = np.where(stripes[tick] > 1, _striped_keys(rng, schedule, stream, mid, tick, u_key, offset, domain,
+                                                         shift, stripes), key)
     is_null = u_null < null_rate[tick]
     order = np.argsort(rel_us, kind="stable")
     return pa.table({
@@ -83,6 +88,30 @@ def generate_stream(schedule: Schedule, stream: str, start_us: int, seed_seq: np
         "id": pa.array(np.arange(total, dtype=np.int64), type=pa.int64()),
         "payload": pa.array(payload[order], type=pa.float64()),
     })
+
+
+def _striped_keys(rng, schedule: Schedule, stream: str, mid, tick, u_key, offset, domain, shift, stripes):
+    """Keys of every tuple as if its tick were striped (schedule.py): the stripe drawn by ``u_key`` from the
+    weights (``contrast`` for the ``hot`` stripes from ``shift``, 1 for the others), the key uniform within it."""
+    hot = schedule.value(stream, "hot", mid).astype(np.int64)
+    contrast = schedule.value(stream, "contrast", mid)
+    out = np.zeros(len(tick), dtype=np.int64)
+    u = rng.random(len(tick))
+    params = np.stack([stripes, hot, np.mod(shift, np.maximum(stripes, 1)), contrast], axis=1)
+    uniq, which = np.unique(params, axis=0, return_inverse=True)
+    which = which.reshape(-1)[tick]
+    for i, (m, h, sh, k) in enumerate(uniq):
+        sel = which == i
+        if not sel.any() or m <= 1:
+            continue
+        m, h, sh = int(m), int(h), int(sh)
+        w = np.ones(m)
+        w[np.mod(sh + np.arange(min(h, m)), m)] = k
+        cdf = np.cumsum(w) / w.sum()
+        stripe = np.minimum(np.searchsorted(cdf, u_key[sel], side="right"), m - 1)
+        per = np.maximum(domain[tick][sel] // m, 1)
+        out[sel] = offset[tick][sel] + stripe + m * np.minimum((u[sel] * per).astype(np.int64), per - 1)
+    return out
 
 
 def query_document(name: str, sources: dict, window: float) -> dict:
