@@ -45,3 +45,17 @@ def two_class_query():
     from mjoin.query import load_query
 
     return load_query("tpcds_returns_by_customer_and_address")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's `--dist loadgroup` (`make test` runs two workers): a module's tests stay on
+    one worker, in order (module fixtures such as test_dags' `world` are built once and its tests build on
+    each other); every test marked `cluster` shares one worker (each standalone application takes all the
+    cluster's cores, two at once would wait for each other); modules with slow tests come first, so that the
+    longest do not start last. Without xdist the groups are inert and only the order changes."""
+    for item in items:
+        group = "cluster" if item.get_closest_marker("cluster") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: collection order within
