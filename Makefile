@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Two pytest-xdist workers: the real-Airflow and live tests mostly wait on the clock; groups in tests/conftest.py.
+# Two pytest-xdist workers: the real-Airflow and live tests mostly wait on the clock; scheduling in tests/conftest.py.
 # PYTEST_WORKERS=0 runs in one process (e.g. to debug with -s); PYTEST_ARGS adds pytest arguments.
 PYTEST_WORKERS ?= 2
 
@@ -36,7 +36,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected no tests: a suite that silently shrank to nothing is a failure.
 test: $(STAMP)
-	@rc=0; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations 25 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations 25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc
 

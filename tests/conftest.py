@@ -47,15 +47,27 @@ def two_class_query():
     return load_query("tpcds_returns_by_customer_and_address")
 
 
-@pytest.hookimpl(tryfirst=True)
+
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's `--dist loadgroup` (`make test` runs two workers): a module's tests stay on
-    one worker, in order (module fixtures such as test_dags' `world` are built once and its tests build on
-    each other); every test marked `cluster` shares one worker (each standalone application takes all the
-    cluster's cores, two at once would wait for each other); modules with slow tests come first, so that the
-    longest do not start last. Without xdist the groups are inert and only the order changes."""
-    for item in items:
-        group = "cluster" if item.get_closest_marker("cluster") else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Modules with slow tests first (stable: collection order within), so that under pytest-xdist the
+    longest do not start last."""
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: collection order within
+    items.sort(key=lambda item: item.module.__name__ not in slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers. A module's tests stay on one worker, in order (module
+    fixtures such as test_dags' `world` are built once and its tests build on each other), and the
+    test_cluster_* modules share one worker (each standalone application takes all the cluster's cores: two
+    at once would wait for each other). By path, in the scheduler: `--dist loadgroup` with `xdist_group`
+    marks does not group on pytest 9.2 (its structured node ids drop xdist's `@group` suffix,
+    pytest-dev/pytest-xdist#1386)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "cluster" if Path(module).name.startswith("test_cluster_") else module
+
+    return ModuleScheduling(config, log)
