@@ -103,10 +103,12 @@ class Candidate:
     price: float = math.nan  # out of sample (two folds), or in sample when there are no folds
     in_sample: float = math.nan
     note: str = ""
+    fold_prices: tuple = ()  # (fit on even, priced on odd cycles; fit on odd, priced on even)
 
     def to_json(self) -> dict:
         return {"method": self.method, "requested": self.requested, "groups": self.groups, "rule": self.rule,
-                "price": _finite(self.price), "in_sample": _finite(self.in_sample), "note": self.note}
+                "price": _finite(self.price), "in_sample": _finite(self.in_sample), "note": self.note,
+                "fold_prices": [_finite(v) for v in self.fold_prices]}
 
 
 @dataclass
@@ -312,11 +314,21 @@ def _fold(cells: Cells, k: int) -> Cells:
 MIN_GAIN = 0.10
 
 
+def pays(cand: Candidate, base: Candidate, min_gain: float = MIN_GAIN) -> bool:
+    """A rule pays when it prices at least ``min_gain`` below one group on average and in each fold: on keys that
+    are alike one fold's luck alone made a 16-group hash rule price 10.1% below one group on average (TPC-DS,
+    folds +14.6% and +5.3%)."""
+    if not cand.price < base.price * (1 - min_gain):
+        return False
+    return all(v < b * (1 - min_gain) for v, b in zip(cand.fold_prices, base.fold_prices))
+
+
 def choose(query, cells: dict, strategy: str = "exact", *, methods=METHODS, counts=GROUP_COUNTS, cost_model=None,
            overhead: GroupOverhead | None = None, seed: int = SEED, forced: bool = False,
            min_gain: float = MIN_GAIN) -> Choice:
     """Price every candidate (``methods`` x ``counts``, and one group) on ``cells`` (``{kind: Cells}``) and return the
-    cheapest if it prices at least ``min_gain`` below one group (else one group); ties go to fewer groups.
+    cheapest that prices at least ``min_gain`` below one group, on average and in each of the two folds (else one
+    group); ties go to fewer groups.
     ``forced``: the cheapest with more than one group where there is one (a fixed ``D`` asked for).
     ``overhead`` None: :meth:`GroupOverhead.for_model` of the cost model."""
     model = resolve_cost_model(cost_model)
@@ -349,6 +361,7 @@ def choose(query, cells: dict, strategy: str = "exact", *, methods=METHODS, coun
                 if D > 1 and r is None:  # nothing to split in this fold: it runs as one group
                     r = None
                 vals.append(price(query, r, fit, c.folds[1 - k], c.rule, strategy, model, overhead))
+            cand.fold_prices = tuple(vals)
             cand.price = float(np.mean(vals))
         else:
             cand.price = cand.in_sample
@@ -381,11 +394,17 @@ def choose(query, cells: dict, strategy: str = "exact", *, methods=METHODS, coun
     pool = [c for c in cands if c.groups > 1] if forced and any(c.groups > 1 for c in cands) else cands
     if forced and pool is cands:
         notes.append("no rule with more than one group could be built: one group")
-    best = min(pool, key=lambda c: (round(c.price, 12) if math.isfinite(c.price) else math.inf, c.groups))
-    if not forced and best is not base and not best.price < base.price * (1 - min_gain):
-        notes.append(f"{best.method} D={best.groups} prices {1 - best.price / base.price:+.1%} below one group, "
-                     f"under the {min_gain:.0%} it takes to partition")
-        best = base
+    def key(c):
+        return round(c.price, 12) if math.isfinite(c.price) else math.inf, c.groups
+
+    best = min(pool, key=key)
+    if not forced and best is not base and not pays(best, base, min_gain):
+        paying = [c for c in cands if c is base or pays(c, base, min_gain)]
+        folds = ", ".join(f"{1 - v / b:+.1%}" for v, b in zip(best.fold_prices, base.fold_prices))
+        notes.append(f"{best.method} D={best.groups} prices {1 - best.price / base.price:+.1%} below one group"
+                     + (f" (folds {folds})" if folds else "") + f", under the {min_gain:.0%} it takes to partition"
+                     + (" in each fold" if folds else ""))
+        best = min(paying, key=key)
     log.info("%s: key groups %s D=%d, price %.6g vs one group %.6g", query.name, best.method, best.groups,
              best.price, base.price)
     return Choice(best.rule, best.method, best.groups, best.price, base.price, cands, notes, oos)
