@@ -37,7 +37,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected no tests: a suite that silently shrank to nothing is a failure.
 test: $(STAMP)
-	@rc=0; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations 25 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations 25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc
 

@@ -48,11 +48,22 @@ def two_class_query():
 
 
 
+#: the longest modules (real schedulers, kill -9 and restarts, the cluster), first and in this order: pytest-xdist
+#: gives each worker one module, then another as soon as its module has two tests left, so each of these gets a
+#: worker of its own (test_dags_join_job's one test leaves room for test_engine_live behind it)
+LONGEST = ("test_dags", "test_dags_join_job", "test_cluster_airflow", "test_engine_live")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules with slow tests first (stable: collection order within), so that under pytest-xdist the
-    longest do not start last."""
+    """The longest modules first (LONGEST), then the other modules with slow tests, then the rest; collection order
+    within (a stable sort), so that under pytest-xdist the longest do not start last."""
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow)
+
+    def rank(item):
+        name = item.module.__name__
+        return (LONGEST.index(name), 0) if name in LONGEST else (len(LONGEST), name not in slow)
+
+    items.sort(key=rank)
 
 
 @pytest.hookimpl(optionalhook=True)

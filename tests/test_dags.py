@@ -2,8 +2,9 @@
 
 One module-scoped setup (tiny TPC-DS workload, 1-minute periods, 5 s statistics cycles)
 is shared by the tests in order: three consecutive `airflow dags test` runs (the third one
-"no change": deploy skipped), a failing gate, a rollback, then the REST API's trigger form and a
-backfill with a running scheduler. The streaming join job's lifecycle is in test_dags_join_job.py
+"no change": deploy skipped), a failing gate, the REST API's trigger form and a backfill with a
+running scheduler, a rollback, and runs refused for unknown params. (The long scheduler test is not
+last: pytest-xdist queues another module on a worker once its module has two tests left.) The streaming join job's lifecycle is in test_dags_join_job.py
 (its own Airflow home and lake, so the two modules run on different test workers).
 """
 from __future__ import annotations
@@ -191,58 +192,6 @@ def test_failing_gate_stops_before_deploy_and_keeps_the_active_plan(world):
     assert reg.active_version() == active_before and reg.versions() == versions_before
 
 
-def test_rollback_through_the_cli(world):
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
-
-    q = load_query(QUERY)
-    lake = Lake(str(world["lake"]))
-    reg = PlanRegistry(lake, QUERY)
-    before = reg.active_version()
-    plan_file = world["root"] / "manual_plan.json"
-    make_plan(q, orders_from_permutation(q, ["cr", "wr", "sr", "cu"]), "fixed").save(plan_file)
-    cli = [sys.executable, "-m", "mjoin", "plans"]
-    common = ["--query", QUERY, "--lake", str(world["lake"])]
-    subprocess.run(cli + ["publish", *common, "--plan", str(plan_file), "--activate"], check=True, capture_output=True)
-    assert reg.active_version() == reg.versions()[-1] != before
-    done = subprocess.run(cli + ["rollback", *common], check=True, capture_output=True, text=True)
-    assert f"back to v{before}" in done.stdout
-    assert reg.active_version() == before
-
-
-def test_unknown_param_name_fails_at_prepare_and_evaluate_refuses_an_empty_range(world):
-    """Runs made without the API (dags test; the api-server refuses them with a 400, tested below) are checked
-    by prepare: an unknown param name fails the run with the names, and the outcome says so. mjoin_evaluate over
-    a range where nothing landed fails at its first task with a clear message, before any Spark job."""
-    when = iso(START + timedelta(seconds=4 * PERIOD - 20))
-    proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "dryrun": True},
-                     mark_success="^(join|collect_statistics)$", log=world["log"])
-    assert "invalid params: unknown param(s) dryrun; known: query, strategy" in proc.stdout
-    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
-
-    end = interval_for(when, PERIOD, CYCLE)[1]
-    out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
-    assert out["status"] == "failed" and out["failed_tasks"][0] == "prepare"
-    assert out["reason"].startswith("invalid params: unknown param(s) dryrun")
-    ev = dags_test(world["env"], "mjoin_evaluate", "2026-03-01T00:00:00Z",
-                   {"query": QUERY, "lake": str(world["lake"]), "start": "2026-03-01T00:00:00Z",
-                    "end": "2026-03-01T00:10:00Z", "period": 60, "cycle": CYCLE}, log=world["log"])
-    assert "no data to evaluate in [2026-03-01T00:00:00Z, 2026-03-01T00:10:00Z)" in ev.stdout
-    run = next(r for r in list_runs(world["env"], "mjoin_evaluate") if r["logical_date"].startswith("2026-03-01"))
-    states = task_states(world["env"], "mjoin_evaluate", run["run_id"])
-    assert run["state"] == "failed" and states["arguments"] == "failed" and states["evaluate"] == "upstream_failed"
-
-
-def _context(lake: Lake, k: int) -> dict:
-    folder = fsutil.join(lake.reports(QUERY), "runs", parse_time(logical(k)).strftime("%Y%m%dT%H%M%SZ"))
-    return json.loads(fsutil.read_text(fsutil.join(folder, "context.json")))
-
-
-def _plan_arg(ctx: dict):
-    args = ctx["join_args"]
-    return args[args.index("--plan") + 1] if "--plan" in args else None
-
-
 def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
     """One scheduler session (api-server + scheduler + dag-processor) for all that needs one, at once:
 
@@ -319,7 +268,9 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
             deadline = time.monotonic() + 900
             backfill, scheduled = [], []
             while time.monotonic() < deadline:
-                runs = list_runs(env, "mjoin_reoptimize")
+                # over the REST API: an `airflow dags list-runs` costs ~4 s of CPU, every 5 s on a 2-core machine
+                runs = [{"run_id": r["dag_run_id"], "logical_date": r["logical_date"], "state": r["state"]}
+                        for r in api(port, f"{runs_path}?limit=100", senv)["dag_runs"]]
                 backfill = sorted((r for r in runs if r["logical_date"][:19] in {logical(k)[:19] for k in (4, 5, 6)}),
                                   key=lambda r: r["logical_date"])
                 outcomes = [o for o in read_outcomes(live_lake, QUERY) if o["run_type"] == "scheduled"]
@@ -367,3 +318,55 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
         fc = json.loads(fsutil.read_text(fsutil.join(folder, "forecast.json")))
         assert parse_time(fc["cycle_start"]) >= parse_time(logical(k))
         assert parse_time(fc["meta"]["last_cycle"]) < parse_time(logical(k))
+
+
+def test_rollback_through_the_cli(world):
+    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.query import load_query
+
+    q = load_query(QUERY)
+    lake = Lake(str(world["lake"]))
+    reg = PlanRegistry(lake, QUERY)
+    before = reg.active_version()
+    plan_file = world["root"] / "manual_plan.json"
+    make_plan(q, orders_from_permutation(q, ["cr", "wr", "sr", "cu"]), "fixed").save(plan_file)
+    cli = [sys.executable, "-m", "mjoin", "plans"]
+    common = ["--query", QUERY, "--lake", str(world["lake"])]
+    subprocess.run(cli + ["publish", *common, "--plan", str(plan_file), "--activate"], check=True, capture_output=True)
+    assert reg.active_version() == reg.versions()[-1] != before
+    done = subprocess.run(cli + ["rollback", *common], check=True, capture_output=True, text=True)
+    assert f"back to v{before}" in done.stdout
+    assert reg.active_version() == before
+
+
+def test_unknown_param_name_fails_at_prepare_and_evaluate_refuses_an_empty_range(world):
+    """Runs made without the API (dags test; the api-server refuses them with a 400, tested below) are checked
+    by prepare: an unknown param name fails the run with the names, and the outcome says so. mjoin_evaluate over
+    a range where nothing landed fails at its first task with a clear message, before any Spark job."""
+    when = iso(START + timedelta(seconds=4 * PERIOD - 20))
+    proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "dryrun": True},
+                     mark_success="^(join|collect_statistics)$", log=world["log"])
+    assert "invalid params: unknown param(s) dryrun; known: query, strategy" in proc.stdout
+    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
+
+    end = interval_for(when, PERIOD, CYCLE)[1]
+    out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
+    assert out["status"] == "failed" and out["failed_tasks"][0] == "prepare"
+    assert out["reason"].startswith("invalid params: unknown param(s) dryrun")
+    ev = dags_test(world["env"], "mjoin_evaluate", "2026-03-01T00:00:00Z",
+                   {"query": QUERY, "lake": str(world["lake"]), "start": "2026-03-01T00:00:00Z",
+                    "end": "2026-03-01T00:10:00Z", "period": 60, "cycle": CYCLE}, log=world["log"])
+    assert "no data to evaluate in [2026-03-01T00:00:00Z, 2026-03-01T00:10:00Z)" in ev.stdout
+    run = next(r for r in list_runs(world["env"], "mjoin_evaluate") if r["logical_date"].startswith("2026-03-01"))
+    states = task_states(world["env"], "mjoin_evaluate", run["run_id"])
+    assert run["state"] == "failed" and states["arguments"] == "failed" and states["evaluate"] == "upstream_failed"
+
+
+def _context(lake: Lake, k: int) -> dict:
+    folder = fsutil.join(lake.reports(QUERY), "runs", parse_time(logical(k)).strftime("%Y%m%dT%H%M%SZ"))
+    return json.loads(fsutil.read_text(fsutil.join(folder, "context.json")))
+
+
+def _plan_arg(ctx: dict):
+    args = ctx["join_args"]
+    return args[args.index("--plan") + 1] if "--plan" in args else None
