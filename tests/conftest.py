@@ -48,9 +48,9 @@ def two_class_query():
 
 
 
-#: the longest modules (real schedulers, kill -9 and restarts, the cluster), first and in this order: pytest-xdist
-#: gives each worker one module, then another as soon as its module has two tests left, so each of these gets a
-#: worker of its own (test_dags_join_job's one test leaves room for test_engine_live behind it)
+#: the longest modules (real schedulers, kill -9 and restarts, the cluster), first and in this order, so that none of
+#: them starts last: pytest-xdist gives each worker one module, then another as soon as its module has two tests
+#: left (test_dags_join_job's one test leaves its worker free for the next at once)
 LONGEST = ("test_dags", "test_dags_join_job", "test_cluster_airflow", "test_engine_live")
 
 
@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs three pytest-xdist workers. A module's tests stay on one worker, in order (module
+    """`make test` runs two pytest-xdist workers. A module's tests stay on one worker, in order (module
     fixtures such as test_dags' `world` are built once and its tests build on each other), and the
     test_cluster_* modules share one worker (each standalone application takes all the cluster's cores: two
     at once would wait for each other). By path, in the scheduler: `--dist loadgroup` with `xdist_group`
