@@ -116,6 +116,19 @@ def _dense(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(code, return_inverse=True)
 
 
+def _window_cycles(t: np.ndarray, W: np.ndarray, T0: int, tau: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first cycle whose end a tuple at ``t`` is in the window state at, and the first it is no longer."""
+    return np.maximum(_cdiv(t - T0 - tau, tau), 0), np.maximum(_cdiv(t + W - T0 - tau, tau), 0)
+
+
+def _window_deltas(ja: np.ndarray, jb: np.ndarray, base: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """window_tuples deltas summed per code ``base + j`` (j < n): +1 at cycle ``ja``, -1 at cycle ``jb``."""
+    codes = np.concatenate([base + ja, base + jb])
+    w = np.concatenate([np.ones(len(ja)), -np.ones(len(jb))])
+    inside = np.concatenate([ja, jb]) < n
+    return _sum_by(codes[inside], w[inside])
+
+
 def _rank(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` for any int64 values, by counting when the range is small."""
     if len(values) == 0:
@@ -221,13 +234,7 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     # ---- WT: window_tuples deltas (first-class copy; NULL keys occupy state too) -----------------
     m = live & first
     if m.any():
-        ja = np.maximum(_cdiv(t[m] - T0 - tau, tau), 0)
-        jb = np.maximum(_cdiv(t[m] + W[m] - T0 - tau, tau), 0)
-        base = (sid[m] * G + gid[m]) * n
-        codes = np.concatenate([base + ja, base + jb])
-        w = np.concatenate([np.ones(len(ja)), -np.ones(len(jb))])
-        inside = np.concatenate([ja, jb]) < n
-        c, v = _sum_by(codes[inside], w[inside])
+        c, v = _window_deltas(*_window_cycles(t[m], W[m], T0, tau), (sid[m] * G + gid[m]) * n, n)
         sg, jr = np.divmod(c, n)
         s_, gi = np.divmod(sg, G)
         out.add(WT, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr, v0=v)
@@ -241,6 +248,8 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     K = len(kuniq)
     # per-cell statistics: the cell of every distinct key, then ROWS and WT per (sid, cell, j)
     cell_labels = [p.cell_of(i, kuniq) for i in range(len(p.cells))] if ci == 0 else []
+    if cell_labels:
+        kja, kjb = _window_cycles(kt, kW, T0, tau)
     for i, lab_k in enumerate(cell_labels):
         L = int(lab_k.max()) + 1
         lab = lab_k[kinv]
@@ -248,13 +257,7 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
         sl, jr = np.divmod(c, n + 3)
         s_, li = np.divmod(sl, L)
         out.add(CELL_KIND * (i + 1) + ROWS, len(c), sid=s_, ci=ci, g=li, j=jr - 2, v0=v)
-        ja = np.maximum(_cdiv(kt - T0 - tau, tau), 0)
-        jb = np.maximum(_cdiv(kt + kW - T0 - tau, tau), 0)
-        base = (ks * L + lab) * n
-        codes = np.concatenate([base + ja, base + jb])
-        w = np.concatenate([np.ones(len(ja)), -np.ones(len(jb))])
-        inside = np.concatenate([ja, jb]) < n
-        c, v = _sum_by(codes[inside], w[inside])
+        c, v = _window_deltas(kja, kjb, (ks * L + lab) * n, n)
         sl, jr = np.divmod(c, n)
         s_, li = np.divmod(sl, L)
         out.add(CELL_KIND * (i + 1) + WT, len(c), sid=s_, ci=ci, g=li, j=jr, v0=v)
