@@ -47,7 +47,6 @@ def two_class_query():
     return load_query("tpcds_returns_by_customer_and_address")
 
 
-
 #: the longest modules (real schedulers, kill -9 and restarts, the cluster), first and in this order, so that none of
 #: them starts last: pytest-xdist gives each worker one module, then another as soon as its module has two tests
 #: left (test_dags_join_job's one test leaves its worker free for the next at once)
