@@ -49,15 +49,21 @@ def test_driver_batches_equal_executor_batches(spark, seed_query, tmp_path):
                    .set_column(t2.schema.get_field_index("wr_order_number"), "wr_order_number",
                                pa.array(range(10**9, 10**9 + t2.num_rows), pa.int64())),
                    os.path.join(a.arrival_dir("web_returns", arrivals[3]), "null_ts.parquet"))
-    b = Lake(str(tmp_path / "b"))
-    shutil.copytree(os.path.join(a.root, "streams"), os.path.join(b.root, "streams"))
+    b, c = Lake(str(tmp_path / "b")), Lake(str(tmp_path / "c"))
+    for lake in (b, c):
+        shutil.copytree(os.path.join(a.root, "streams"), os.path.join(lake.root, "streams"))
     q = seed_query.name
     sa = run_stream(spark, seed_query, a, config=EngineConfig(buckets=4, max_files_per_trigger=6, driver_rows=0))
-    sb = run_stream(spark, seed_query, b, config=EngineConfig(buckets=4, max_files_per_trigger=6))
-    ra, rb = read_metrics(a, q), read_metrics(b, q)
+    # on the driver, the buckets split over 3 threads (unevenly: 4 buckets) and on one
+    sb = run_stream(spark, seed_query, b, config=EngineConfig(buckets=4, max_files_per_trigger=6, driver_threads=3))
+    sc = run_stream(spark, seed_query, c, config=EngineConfig(buckets=4, max_files_per_trigger=6, driver_threads=1))
+    ra, rb, rc = read_metrics(a, q), read_metrics(b, q), read_metrics(c, q)
     assert {r["execution"]["where"] for r in ra} == {"executors"} and {r["execution"]["where"] for r in rb} == {"driver"}
-    assert sa.batches == sb.batches
-    assert_same_results(read_results(b, q), read_results(a, q), "driver vs executors")
+    assert {r["spark_plan"]["stage1"]["threads"] for r in rb} == {3} and {r["spark_plan"]["stage1"]["threads"] for r in rc} == {1}
+    assert sa.batches == sb.batches == sc.batches
+    assert_same_results(read_results(b, q), read_results(a, q), "driver (3 threads) vs executors")
+    assert_same_results(read_results(c, q), read_results(a, q), "driver (1 thread) vs executors")
+    assert [r["state_tuples"] for r in rc] == [r["state_tuples"] for r in rb]
     for x, y in zip(ra, rb):
         assert x["rows_in"] == y["rows_in"] and x["quarantined"] == y["quarantined"], x["batch_id"]
         assert x["watermarks"] == y["watermarks"] and x["state_tuples"] == y["state_tuples"]

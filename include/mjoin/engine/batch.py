@@ -31,7 +31,9 @@ import json
 import logging
 import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -127,7 +129,14 @@ def _buckets_of(t: pa.Table):
         yield int(c_arr[s]), int(b_arr[s]), t.slice(int(s), int(e - s))
 
 
+#: the "partition" a thread of a batch run on the driver plays (``_run_task``); None: not such a thread
+_DRIVER_TASK = threading.local()
+
+
 def _partition_id() -> int:
+    part = getattr(_DRIVER_TASK, "part", None)
+    if part is not None:
+        return part
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -253,9 +262,25 @@ def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, sli
     return pa.concat_tables(parts)
 
 
-def _run_task(fn, table: pa.Table) -> list[dict]:
-    """Run a stage's task function on the driver over ``table`` (what one Spark task would get)."""
-    return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
+def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
+    """Run a stage's task function on the driver over ``table``: its (class, bucket) groups split over
+    ``threads`` "partitions" by bucket, each run on a thread of its own as Spark runs its tasks (the
+    operator's work is mostly Arrow and numpy, which release the GIL, and file writes)."""
+    if threads <= 1 or table.num_rows == 0:
+        return _run_partition(fn, table, 0)
+    part = np.mod(np.asarray(table.column("_b").fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), threads)
+    parts = [table.filter(pa.array(part == i)) for i in range(threads)]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mjoin-driver-task") as pool:
+        docs = list(pool.map(lambda i: _run_partition(fn, parts[i], i), range(threads)))
+    return [d for part_docs in docs for d in part_docs]
+
+
+def _run_partition(fn, table: pa.Table, part: int) -> list[dict]:
+    _DRIVER_TASK.part = part
+    try:
+        return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
+    finally:
+        _DRIVER_TASK.part = None
 
 
 def _fault_pause_in_task(marker: str, batch_id: int, seconds: float) -> None:
@@ -703,8 +728,10 @@ class BatchRunner:
         if binput.punctuations is not None and binput.punctuations.num_rows:
             first = pa.concat_tables([first, binput.punctuations.cast(self.arrow_schema)])
 
+        threads = self.config.threads_on_driver()
+
         def run_stage(fn, table):
-            return _run_task(fn, table), {"where": "driver"}
+            return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
 
         def next_input(folder):
             parts = []

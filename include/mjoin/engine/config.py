@@ -1,6 +1,8 @@
 """Engine settings (what a user may tune; everything else follows from the query and the plan)."""
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass
 
 
@@ -71,6 +73,9 @@ class EngineConfig:
     #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small
     #: batch); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
     driver_rows: int = 1_000_000
+    #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
+    #: would split them over tasks (0: the driver's cores, at most 4)
+    driver_threads: int = 0
     #: testing only (fault injection, see :data:`FAULTS`): "crash_before_commit:<batch>",
     #: "pause_before_commit:<batch>:<seconds>" or "pause_after_commit:<batch>:<seconds>"
     fault: str | None = None
@@ -90,8 +95,14 @@ class EngineConfig:
             raise EngineError("psp_slices must be >= 1")
         if self.driver_rows < 0:
             raise EngineError("driver_rows must be >= 0 (0: never run a batch on the driver)")
+        if self.driver_threads < 0:
+            raise EngineError("driver_threads must be >= 0 (0: the driver's cores, at most 4)")
         if not self.recheck_seconds >= 0:
             raise EngineError("recheck_seconds must be >= 0")
+
+    def threads_on_driver(self) -> int:
+        """:attr:`driver_threads`, 0 resolved to the driver's cores (at most 4)."""
+        return self.driver_threads or max(1, min(os.cpu_count() or 1, 4))
 
     def pause_at(self, point: str, batch_id: int) -> float:
         """Seconds the fault asks to pause at ``point`` (``before_commit``, ``after_commit``) of batch

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
 from collections import OrderedDict
 from datetime import datetime, timezone
@@ -144,13 +145,16 @@ MAX_FILES = 8
 _CACHE: "OrderedDict[tuple, KeyedRows]" = OrderedDict()
 _CACHE_BYTES = [0]
 _BY_FILES: dict = {}  # (root, files) -> thresholds cached
+#: a batch on the driver runs its buckets on a few threads (batch.py ``_run_local``): they share the cache
+_CACHE_LOCK = threading.RLock()
 
 
 def clear_cache() -> None:
     """Forget every cached state (tests; a worker's memory otherwise ages out by LRU)."""
-    _CACHE.clear()
-    _BY_FILES.clear()
-    _CACHE_BYTES[0] = 0
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _BY_FILES.clear()
+        _CACHE_BYTES[0] = 0
 
 
 def _le(a, b) -> bool:
@@ -168,6 +172,11 @@ def _cache_drop(key: tuple) -> None:
 
 
 def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
+    with _CACHE_LOCK:
+        _cache_put_locked(key, rows, budget_bytes)
+
+
+def _cache_put_locked(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
     if key in _CACHE:
         _cache_drop(key)
     size = rows.nbytes
@@ -182,13 +191,15 @@ def _cache_put(key: tuple, rows: KeyedRows, budget_bytes: int) -> None:
 
 def _cache_get(root: str, files: tuple, after) -> KeyedRows | None:
     """Cached rows of ``files`` purged at most to ``after`` (then purged to it), or None."""
-    thresholds = [t for t in _BY_FILES.get((root, files), ()) if _le(t, after)]
-    if not thresholds:
-        return None
-    best = max(thresholds, key=lambda t: -1 << 62 if t is None else t)
-    key = (root, files, best)
-    _CACHE.move_to_end(key)
-    return _CACHE[key].purge(after)
+    with _CACHE_LOCK:
+        thresholds = [t for t in _BY_FILES.get((root, files), ()) if _le(t, after)]
+        if not thresholds:
+            return None
+        best = max(thresholds, key=lambda t: -1 << 62 if t is None else t)
+        key = (root, files, best)
+        _CACHE.move_to_end(key)
+        rows = _CACHE[key]
+    return rows.purge(after)
 
 
 def _read_file(root: str, rel: str) -> pa.Table:
