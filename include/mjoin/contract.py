@@ -102,29 +102,47 @@ def schema_problems(stream, schema: pa.Schema) -> tuple[str | None, str | None]:
 
 # ---- footers -------------------------------------------------------------------------------
 
-def footer_fingerprint(md, schema: pa.Schema) -> str | None:
-    """A fingerprint of a file's rows from its footer alone: row count, column names and types, and every
-    column's NULL count, min and max over all row groups (the same rows written by another writer, with
-    another compression or row-group size, give the same fingerprint). None when a column chunk has no
-    statistics, or the file has no rows."""
-    if md.num_rows == 0:
-        return None
+def _chunk_stats(md) -> dict:
+    """Column path -> ``[NULLs, min, max, complete, fingerprintable]`` over all row groups, in one pass over
+    the footer's column chunks (Python attribute access per chunk is most of a footer check):
+    ``complete``: every chunk has statistics with a NULL count; ``fingerprintable``: also every chunk
+    without min/max holds only NULLs."""
     cols: dict = {}
     for rg in range(md.num_row_groups):
         g = md.row_group(rg)
+        rows = g.num_rows
         for i in range(g.num_columns):
             c = g.column(i)
+            entry = cols.get(c.path_in_schema)
+            if entry is None:
+                entry = cols[c.path_in_schema] = [0, None, None, True, True]
             st = c.statistics
             if st is None or not st.has_null_count:
-                return None
-            entry = cols.setdefault(c.path_in_schema, [0, None, None])
-            entry[0] += st.null_count
+                entry[3] = entry[4] = False
+                continue
+            nulls = st.null_count
+            entry[0] += nulls
             if st.has_min_max:
-                entry[1] = st.min if entry[1] is None else min(entry[1], st.min)
-                entry[2] = st.max if entry[2] is None else max(entry[2], st.max)
-            elif st.null_count < g.num_rows:
-                return None
-    doc = [md.num_rows, [(f.name, str(f.type)) for f in schema], sorted((k, *map(repr, v)) for k, v in cols.items())]
+                lo, hi = st.min, st.max
+                entry[1] = lo if entry[1] is None else min(entry[1], lo)
+                entry[2] = hi if entry[2] is None else max(entry[2], hi)
+            elif nulls < rows:
+                entry[4] = False
+    return cols
+
+
+def footer_fingerprint(md, schema: pa.Schema, stats: dict | None = None) -> str | None:
+    """A fingerprint of a file's rows from its footer alone: row count, column names and types, and every
+    column's NULL count, min and max over all row groups (the same rows written by another writer, with
+    another compression or row-group size, give the same fingerprint). None when a column chunk has no
+    statistics, or the file has no rows. ``stats``: :func:`_chunk_stats` of ``md``, if already read."""
+    if md.num_rows == 0:
+        return None
+    stats = _chunk_stats(md) if stats is None else stats
+    if not all(e[3] and e[4] for e in stats.values()):
+        return None
+    doc = [md.num_rows, [(f.name, str(f.type)) for f in schema],
+           sorted((k, repr(e[0]), repr(e[1]), repr(e[2])) for k, e in stats.items())]
     return hashlib.sha256(repr(doc).encode()).hexdigest()
 
 
@@ -148,22 +166,19 @@ def to_epoch_seconds(arr) -> np.ndarray:
     return out
 
 
-def _event_time_stats(md, schema: pa.Schema, column: str | None) -> tuple[int | None, float | None]:
+def _event_time_stats(md, schema: pa.Schema, column: str | None,
+                      stats: dict | None = None) -> tuple[int | None, float | None]:
     """``(NULL count, max in epoch seconds)`` of a plain event-time column from the footer statistics
-    (None where the footer does not tell)."""
+    (None where the footer does not tell). ``stats``: :func:`_chunk_stats` of ``md``, if already read."""
     if column is None or column not in schema.names:
         return None, None
-    names = [md.schema.column(i).path for i in range(md.num_columns)]
-    if column not in names:
+    stats = _chunk_stats(md) if stats is None else stats
+    entry = stats.get(column)
+    if entry is None:  # no row group (or not a leaf column)
+        return (0, None) if column in [md.schema.column(i).path for i in range(md.num_columns)] else (None, None)
+    if not entry[3]:
         return None, None
-    nulls, hi = 0, None
-    for rg in range(md.num_row_groups):
-        st = md.row_group(rg).column(names.index(column)).statistics
-        if st is None or not st.has_null_count:
-            return None, None
-        nulls += st.null_count
-        if st.has_min_max:
-            hi = st.max if hi is None else max(hi, st.max)
+    nulls, hi = entry[0], entry[2]
     ts_max = None
     if hi is not None:
         try:
@@ -217,11 +232,12 @@ def inspect(path: str, stream, size: int | None = None) -> FileFacts:
         out.read_error = f"not a readable Parquet file ({type(exc).__name__}: {exc})"
         return out
     out.schema, out.rows = schema, md.num_rows
-    out.fingerprint = footer_fingerprint(md, schema)
+    stats = _chunk_stats(md)
+    out.fingerprint = footer_fingerprint(md, schema, stats)
     out.schema_problem, out.missing_keys = schema_problems(stream, schema)
     et = stream.event_time
     plain = et.column if et.expr is None else None
-    nulls, ts_max = _event_time_stats(md, schema, plain)
+    nulls, ts_max = _event_time_stats(md, schema, plain, stats)
     out.ts_max = ts_max if et.format is None else None
     if md.num_rows and nulls is not None and nulls == md.num_rows:
         out.no_event_time = f"all {md.num_rows} rows have a NULL event time ({plain})"
