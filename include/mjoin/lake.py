@@ -76,6 +76,29 @@ class Lake:
                 files += [fsutil.join(d, n) for n in fsutil.listdir(d) if n.endswith(".parquet")]
         return files
 
+    def landed(self, source: str) -> list[tuple[int, str, str]]:
+        """``[(arrival epoch, path, kind)]`` of what :meth:`stream_files` (kind ``data``) and
+        :meth:`punctuation_files` (kind ``punctuation``) list, by arrival then name, from one recursive
+        listing of the source (not one per arrival folder)."""
+        from pyarrow import fs as pafs
+
+        from .punctuation import FILE
+
+        fs, root = fsutil.resolve(self.streams(source))
+        root = root.rstrip("/") + "/"
+        out = []
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+            parts = info.path[len(root):].split("/") if info.path.startswith(root) else ()
+            m = ARRIVAL.match(parts[0]) if len(parts) == 2 else None
+            if m is None or parts[0] != f"arrival={int(m.group(1))}":
+                continue
+            kind = "data" if parts[1].endswith(".parquet") else "punctuation" if FILE.match(parts[1]) else None
+            if kind:
+                out.append((int(m.group(1)), parts[1], kind))
+        out.sort()
+        base = self.streams(source).rstrip("/")  # (joined as strings: pathlib per file cost ~0.1 s at 720)
+        return [(a, f"{base}/arrival={a}/{name}", kind) for a, name, kind in out]
+
     def punctuation_files(self, source: str) -> list[tuple[int, str]]:
         """``[(arrival epoch, path)]`` of the punctuation files landed for ``source`` (mjoin.punctuation)."""
         from .punctuation import FILE

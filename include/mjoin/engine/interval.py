@@ -131,30 +131,36 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
     if cycle_us <= 0 or end_us <= start_us:
         raise EngineError(f"need start < end and a positive cycle (got {iso(start)} .. {iso(end)}, cycle {cycle})")
     n_batches = -(-(end_us - start_us) // cycle_us)
-    files = {s.name: in_lake.stream_files(s.source) for s in query.streams}
+    landed = {}
+    for s in query.streams:  # each source listed once, data and punctuation files together
+        if s.source not in landed:
+            landed[s.source] = in_lake.landed(s.source)
+    files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
     inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
     frame = normalize_streams(spark, query, eq, inspected)
     if frame is not None:
         frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
             .where(F.col("_batch").isNotNull())
-    punct = _interval_punctuations(query, in_lake, start_us, end_us, cycle_us)
+    punct = _interval_punctuations(query, landed, inspected.ts_max, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, time.perf_counter() - t0,
                          eq.streams, punct)
 
 
-def _interval_punctuations(query, lake, start_us: int, end_us: int, cycle_us: int) -> list:
+def _interval_punctuations(query, landed: dict, ts_max: dict, start_us: int, end_us: int, cycle_us: int) -> list:
     """``[(path, source, arrival, batch)]`` of the lake's punctuation files: each in the batch that holds
     the latest event time of its folder's data (after it, the promise holds); earlier ones in the
-    warm-up (batch 0), later ones not at all."""
-    from ..contract import inspect as inspect_file
-
+    warm-up (batch 0), later ones not at all. ``landed``: source -> :meth:`mjoin.lake.Lake.landed`;
+    ``ts_max``: (stream, path) -> the footer's latest event time (:func:`inspect_files`)."""
     out, folder_end = [], {}
     for s in query.streams:
-        for a, path in lake.punctuation_files(s.source):
+        entries = landed[s.source]
+        for a, path, kind in entries:
+            if kind != "punctuation":
+                continue
             if (s.source, a) not in folder_end:
-                ends = [f.ts_max for f in (inspect_file(p, s) for p in lake.stream_files(s.source, a, a + 1))
-                        if f.ts_max is not None]
+                ends = [ts_max[(s.name, p)] for b, p, k in entries
+                        if b == a and k == "data" and ts_max.get((s.name, p)) is not None]
                 folder_end[(s.source, a)] = int(round(max(ends) * 1_000_000)) if ends else a * 1_000_000
             t = folder_end[(s.source, a)]
             if t < end_us:
