@@ -551,11 +551,12 @@ class BatchRunner:
         sizes = [self.config.psp_slices if self.eq.is_band(c) else self.config.buckets for c in self.eq.classes]
         n = sum(sizes)
         ends = list(np.cumsum(sizes))
-        k = f"(id % {n})"
-        c = ("CASE " + " ".join(f"WHEN {k} < {e} THEN {ci}" for ci, e in enumerate(ends[:-1])) + f" ELSE {len(sizes) - 1} END"
-             if len(sizes) > 1 else "0")
-        start = ("CASE " + " ".join(f"WHEN {k} < {e} THEN {e - m}" for e, m in zip(ends[:-1], sizes)) + f" ELSE {ends[-1] - sizes[-1]} END"
-                 if len(sizes) > 1 else "0")
+        k = f"(id % {n})"  # the (class, bucket) pair's index; class ci holds pairs [ends[ci] - sizes[ci], ends[ci])
+        c, start = "0", "0"
+        if len(sizes) > 1:
+            c = "CASE " + " ".join(f"WHEN {k} < {e} THEN {ci}" for ci, e in enumerate(ends[:-1])) + f" ELSE {len(sizes) - 1} END"
+            start = ("CASE " + " ".join(f"WHEN {k} < {e} THEN {e - m}" for e, m in zip(ends[:-1], sizes))
+                     + f" ELSE {ends[-1] - sizes[-1]} END")
         exprs = {"_kind": "CAST(0 AS TINYINT)", "_c": f"CAST({c} AS INT)", "_b": f"CAST({k} - {start} AS INT)"}
         cols = [f"{exprs[name]} AS {name}" if name in exprs else f"CAST(NULL AS {t}) AS `{name}`"
                 for name, t in frame_ddl(self.eq)]
