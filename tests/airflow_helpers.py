@@ -89,8 +89,13 @@ def services(env: dict, log_dir: Path, components=("api-server", "scheduler", "d
             try:
                 p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                pass
+        # then whatever is left in the components' process groups: a scheduler that is shutting down may start
+        # a LocalExecutor worker after its group got the SIGTERM (seen with the forkserver start method: idle
+        # workers, and the multiprocessing resource tracker waiting for them, outlived the test)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 def wait_http(url: str, timeout: float) -> None:

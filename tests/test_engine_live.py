@@ -95,22 +95,27 @@ def test_backlog_with_shuffled_modification_times(spark, staged, expected, seed_
 
 class Lander(threading.Thread):
     """Lands the staged cycles in arrival order in real time, one source folder at a time with random
-    pauses, so that the job's triggers fall between the folders of one cycle."""
+    pauses, so that the job's triggers fall between the folders of one cycle. ``gates`` (arrival index ->
+    event): before landing that cycle, wait for the event (e.g. until the job has committed a batch, or a
+    restarted job runs), so the race does not depend on how fast Spark starts on a loaded machine."""
 
     def __init__(self, stage: Lake, lake: Lake, arrivals, seed: int, pause: float = 0.15,
-                 gate: threading.Event | None = None, before_gate: int = 2):
+                 gate: threading.Event | None = None, before_gate: int = 2,
+                 gates: dict[int, threading.Event] | None = None):
         super().__init__(daemon=True)
         self.stage, self.lake, self.arrivals = stage, lake, arrivals
         self.rng = random.Random(seed)
         self.pause = pause
-        self.gate, self.before_gate = gate, before_gate  # land before_gate cycles, then wait for gate
+        self.gates = dict(gates or {})
+        if gate is not None:  # land before_gate cycles, then wait for gate
+            self.gates[before_gate] = gate
         self.error = None
 
     def run(self):
         try:
             for i, a in enumerate(self.arrivals):
-                if self.gate is not None and i == self.before_gate and not self.gate.wait(600):
-                    raise TimeoutError("the job committed no batch within 600 s")
+                if i in self.gates and not self.gates[i].wait(600):
+                    raise TimeoutError(f"the job did not reach the gate before cycle {i} within 600 s")
                 for t in self.rng.sample(TPCDS_TABLES, len(TPCDS_TABLES)):
                     copy_cycle(self.stage, self.lake, t, a)
                     time.sleep(self.rng.uniform(0, self.pause))
@@ -219,37 +224,57 @@ def test_idle_stream_keeps_results_and_bounds_state(spark, tmp_path):
 def test_repeated_kill_9_of_a_live_job_racing_the_lander(spark, staged, expected, seed_query, tmp_path):
     """The job runs as its own OS process (spark-submit, 1-s processingTime trigger) while a lander lands in
     real time; it is killed with SIGKILL (whole process tree) at random moments three times, each time
-    restarted at once; an in-process availableNow run finishes the backlog. No loss, no duplicate."""
+    restarted at once; an in-process availableNow run finishes the backlog. No loss, no duplicate.
+
+    Each round's job races the lander: the lander lands the round's share of the cycles only once that job's
+    query runs (so a job that starts slowly on a loaded machine still finds cycles arriving, and never waits
+    for data that already all landed), the job commits a batch of its own, and is killed while the lander
+    goes on landing (the next job restarts on that backlog)."""
     from mjoin.engine.control import JobControl
 
     stage, info, arrivals = staged
     lake = Lake(str(tmp_path / "lake"))
-    lander = Lander(stage, lake, arrivals, seed=8, pause=0.5)
+    rounds = 3
+    gates = [threading.Event() for _ in range(rounds)]
+    share = len(arrivals) // (rounds + 1)
+    # two cycles land before the first job starts (a backlog), then a share of the cycles per round, the rest after
+    lander = Lander(stage, lake, arrivals, seed=8, pause=0.5, gates={2 + k * share: g for k, g in enumerate(gates)})
     lander.start()
     control = JobControl(lake, seed_query.name)
     rng = random.Random(8)
     args = ["--stream", "--query", seed_query.name, "--buckets", "4", "--trigger", "processingTime", "--interval", "1"]
     kills = []
-    for k in range(3):
-        log = tmp_path / f"job{k}.log"
-        job = start_job(lake, log, *args)
-        try:
-            deadline = time.monotonic() + 300
-            start_batch = control.status().get("last_batch_id")
-            while time.monotonic() < deadline:  # until this run has done a batch of its own
-                assert job.poll() is None, log.read_text()[-3000:]
+    try:
+        for k in range(rounds):
+            log = tmp_path / f"job{k}.log"
+            before = control.status()
+            job = start_job(lake, log, *args)
+            try:
+                deadline = time.monotonic() + 300
                 st = control.status()
-                if st.get("running") and st.get("last_batch_id") is not None and st.get("last_batch_id") != start_batch:
-                    break
-                time.sleep(0.2)
-            time.sleep(rng.uniform(0, 1.5))
-            kills.append(control.status().get("batch_in_progress"))
-            kill_tree(job)
-        finally:
-            if job.poll() is None:
-                job.kill()
+                while not (st.get("run_id") != before.get("run_id") and st["running"] and st["state"] == "running"):
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, f"round {k}: the job's query did not start within 300 s"
+                    time.sleep(0.2)
+                    st = control.status()
+                gates[k].set()  # this job runs: land its share of the cycles while it runs
+                while st.get("last_batch_id") is None or st.get("last_batch_id") == before.get("last_batch_id"):
+                    assert job.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, f"round {k}: the job committed no batch of its own within 300 s"
+                    assert lander.error is None, lander.error
+                    time.sleep(0.2)
+                    st = control.status()
+                time.sleep(rng.uniform(0, 1.5))
+                kills.append(control.status().get("batch_in_progress"))
+                kill_tree(job)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+    finally:
+        for g in gates:  # a failed round must not leave the lander waiting
+            g.set()
     lander.join(300)
-    assert lander.error is None
+    assert lander.error is None and not lander.is_alive()
     s = run_stream(spark, seed_query, lake, config=EngineConfig(buckets=4))
     assert sum(v.get("late", 0) for v in s.quarantined.values()) == 0
     res = read_results(lake, seed_query.name)

@@ -2,7 +2,8 @@
 
 One definition used by ``make airflow``, ``make demo``, ``python -m mjoin airflow-cli``,
 the DAG tests and the docs: a project-local ``AIRFLOW_HOME`` with SQLite, our ``dags/`` and
-``plugins/``, no examples, DAGs not paused at creation, parallelism sized for 2 cores, the venv's ``bin/``
+``plugins/``, no examples, DAGs not paused at creation, parallelism sized for 2 cores, task processes forked
+from a scheduler forkserver that has the heavy libraries imported (:data:`PRELOAD`), the venv's ``bin/``
 first on PATH (``spark-submit`` and ``airflow`` live there), and a default
 ``spark_default`` connection whose host is the Spark master (``local[*]``);
 on a cluster, define the connection in Airflow instead (it wins over this
@@ -24,6 +25,13 @@ DEFAULT_HOME = PROJECT_DIR / ".airflow"
 #: dag-processor write does not fail with "database is locked" (a 500 from the api-server)
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
+#: imported once by the scheduler's forkserver (``[scheduler] mp_forkserver_preload``), inherited by every task
+#: process: Airflow's task runner and the Spark provider, what plugins/mjoin_plugin.py imports (every task loads the
+#: plugins: ~1 s of CPU each for Airflow's FastAPI app), and the libraries the gate and forecast tasks import
+#: (in this order: great-expectations imported before Airflow configures logging does not log ~150 INFO lines)
+PRELOAD = ("pandas", "great_expectations", "statsmodels.tsa.holtwinters", "airflow.executors.local_executor",
+           "airflow.sdk.execution_time.task_runner", "airflow.providers.apache.spark.operators.spark_submit",
+           "airflow.api_fastapi.app", "fastapi")
 
 
 def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, base: dict | None = None) -> dict:
@@ -43,6 +51,13 @@ def airflow_env(home: str | os.PathLike | None = None, lake: str | None = None, 
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": env.get("AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL", "10"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": env.get("AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL", "10"),
         "AIRFLOW__API__PORT": env.get("AIRFLOW__API__PORT", "8080"),
+        # the LocalExecutor's workers start from a forkserver that has imported the libraries the tasks use, and
+        # each task is forked from a worker: a gate task no longer imports great-expectations itself (~3.6 s of
+        # CPU each, four gates a run), nor a forecast statsmodels (PRELOAD; our own mjoin code is not preloaded,
+        # so an edited include/mjoin takes effect at the next task without restarting the scheduler)
+        "AIRFLOW__SCHEDULER__MP_START_METHOD": env.get("AIRFLOW__SCHEDULER__MP_START_METHOD", "forkserver"),
+        "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": env.get("AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD",
+                                                             ",".join(PRELOAD)),
         # a task reports to the api-server's execution API; Airflow's 5 attempts (~6 s) failed the first scheduled
         # run of `make airflow` on a loaded machine, whose api-server was not listening yet: 10 attempts with
         # Airflow's random exponential back-off wait a few minutes
