@@ -171,12 +171,11 @@ def _kill_9(proc: subprocess.Popen) -> None:
 
 def _state_files(lake: Lake, query: str, version: int) -> set:
     root = Path(lake.state(query))
-    return {str(p.relative_to(root)) for p in (root / f"v{version:08d}").rglob("*.arrow")}
+    return {str(p.relative_to(root)) for p in (root / f"v{version:08d}").rglob("*") if p.is_file()}
 
 
 def _referenced(lake: Lake, query: str) -> set:
-    store = StateStore(lake.state(query))
-    return {f for v in store.versions() for e in store.manifest(v)["files"].values() for f in e["files"]}
+    return StateStore(lake.state(query)).referenced()
 
 
 @pytest.mark.slow

@@ -76,6 +76,23 @@ def read_bytes(path) -> bytes:
         return f.read()
 
 
+def read_range(path, offset: int, length: int):
+    """``length`` bytes of a file from ``offset`` (a pyarrow Buffer): one ranged read, also on object stores."""
+    fs, p = resolve(path)
+    with fs.open_input_file(p) as f:
+        return f.read_at(length, offset)
+
+
+def write_buffers(path, buffers) -> None:
+    """A new file of the buffers one after the other, written in place (not atomic: for files under unique
+    names that nothing reads before a later commit names them, e.g. state pieces)."""
+    fs, p = resolve(path)
+    fs.create_dir(os.path.dirname(p), recursive=True)
+    with fs.open_output_stream(p) as f:
+        for b in buffers:
+            f.write(b)
+
+
 def read_text(path) -> str:
     return read_bytes(path).decode()
 

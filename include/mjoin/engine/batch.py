@@ -49,7 +49,7 @@ from .metrics import shuffle_bytes, stage_times, write_record
 from .normalize import REASONS
 from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, BucketContext, process_bucket
 from .results import write_parquet
-from .state import StateStore, file_key, load_state, persist_state
+from .state import StateStore, StateWriter, file_key, load_state
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +320,7 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
         if not t.num_rows:
             return
         results, partials, docs = [], [], []
+        writer = StateWriter(state_root, ctx.batch_id, f"s{ctx.stage}-p{part:05d}", cache_bytes)
         for ci, bucket, rows in _buckets_of(t):
             cls = classes[ci]
             sources = {}
@@ -336,8 +337,7 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             state = []
             for stream, update in out.new_state.items():
                 prev = prev_files.get(file_key(cls, stream, bucket))
-                entry = persist_state(state_root, ctx.batch_id, cls, stream, bucket, prev, update, cache_bytes) \
-                    if update.changed else prev
+                entry = writer.persist(prev, update) if update.changed else prev
                 state.append({"stream": stream, "entry": entry, "tuples": len(update.rows),
                               "keys": update.rows.nkeys, "changed": update.changed})
             out.doc["state_sources"] = sources
@@ -345,6 +345,7 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             out.doc["write_seconds"] = time.perf_counter() - t0
             docs.append(out.doc)
         t0 = time.perf_counter()
+        writer.flush()  # the task's state pieces as one file; completes the entries in ``docs``
         tag = f"s{ctx.stage}-p{part:05d}"
         if results:  # one file per task (not per bucket): fewer, larger files
             write_parquet(fsutil.join(results_dir, f"part-{tag}.parquet"), pa.concat_tables(results))
@@ -454,12 +455,13 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
         if final_version is not None and state:
             t0 = time.perf_counter()
             final = []
+            writer = StateWriter(state_root, final_version, f"{tag}-final", cache_bytes)
             for (ci, bucket), streams in state.items():
                 for stream, rows in streams.items():
                     thr = thresholds.get((ci, bucket, stream))
-                    entry = persist_state(state_root, final_version, classes[ci], stream, bucket, None,
-                                          StateUpdate(rows, rows, thr, True), cache_bytes)
+                    entry = writer.persist(None, StateUpdate(rows, rows, thr, True))
                     final.append({"class": classes[ci], "stream": stream, "bucket": bucket, "entry": entry})
+            writer.flush()
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"final_state": final, "pid": pid,
                                                                   "write_seconds": time.perf_counter() - t0})]})
 

@@ -1,25 +1,30 @@
-"""Durable, versioned window state: per (class, stream, bucket) a short log of immutable Arrow IPC files.
+"""Durable, versioned window state: per (class, stream, bucket) a short log of immutable Arrow IPC pieces.
 
 Layout under ``<lake>/state/<query>/``::
 
-    v00000007/c0/cu/b00003-<id>.arrow   rows sorted by key: _ts, _k_<class>..., payload
-    manifests/v00000007.json            the commit of batch 7: per (class, stream, bucket) the files
-                                        holding its state, the purge threshold, counts; the max
-                                        event time seen, the plan version
+    v00000007/s1-p00001-<id>.pieces     one file per task of batch 7: the Arrow IPC files (rows sorted
+                                        by key: _ts, _k_<class>..., payload) of every (class, stream,
+                                        bucket) state the task wrote, one after the other
+    manifests/v00000007.json            the commit of batch 7: per (class, stream, bucket) the pieces
+                                        holding its state (``<file>@<offset>:<length>``), the purge
+                                        threshold, counts; the max event time seen, the plan version
     tmp/batch=7/stage=2/...             partial results between stages of batch 7
 
-A (class, stream, bucket) state is the union of the rows of its files with ``ts`` above
-its purge threshold. A batch appends one file with only its new rows (the durable
-copy costs the delta, not the state); when the files hold more than twice the live
-rows or more than :data:`MAX_FILES` files, the task writes the live state as one file
-instead (compaction). Batch ``B`` reads the latest manifest with version < B and
-writes version B; the driver writes the manifest only after every task succeeded
-(the commit). A crash before it leaves the previous version in force, and the re-run
-of B writes new files (unique names) for a new manifest. Garbage collection keeps
+A (class, stream, bucket) state is the union of the rows of its pieces with ``ts`` above
+its purge threshold. A batch appends one piece with only its new rows (the durable
+copy costs the delta, not the state); when the pieces hold more than twice the live
+rows or more than :data:`MAX_FILES` pieces, the task writes the live state as one piece
+instead (compaction). A task writes all its pieces as one file (:class:`StateWriter`):
+one write per task and batch, not one per (class, stream, bucket), which was ~2 ms each
+and most of a small streaming batch's own time. Batch ``B`` reads the latest manifest with
+version < B and writes version B; the driver writes the manifest only after every task
+succeeded (the commit). A crash before it leaves the previous version in force, and the
+re-run of B writes new files (unique names) for a new manifest. Garbage collection keeps
 every file a kept manifest names. Files are immutable, so Python workers keep the
 materialised state in memory between batches (:func:`load_state`), keyed by the
-file list; a worker that misses the cache but holds the list without its newest
-file reads only that file.
+piece list; a worker that misses the cache but holds the list without its newest
+piece reads only that piece. (State written before pieces, one ``.arrow`` file per
+(class, stream, bucket) and version, named by its path alone, is read the same way.)
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 
 import pyarrow as pa
+from pyarrow import fs as pafs
 
 from .. import fsutil
 from ..timeutil import iso
@@ -72,10 +78,18 @@ class StateStore:
         return self.manifest(older[-1]) if older else None
 
     @staticmethod
-    def file_rel(version: int, attr_class: str, stream: str, bucket: int) -> str:
+    def file_rel(version: int, tag: str) -> str:
         """A new state file's name. The random suffix makes every write a new path, so a worker's
         cache (keyed by path) can never serve rows of an earlier run that reused the folder."""
-        return f"v{version:08d}/{attr_class}/{stream}/b{bucket:05d}-{uuid.uuid4().hex[:12]}.arrow"
+        return f"v{version:08d}/{tag}-{uuid.uuid4().hex[:12]}.pieces"
+
+    def referenced(self, versions=None) -> set:
+        """The files (not pieces) the manifests of ``versions`` (default: all) name."""
+        out = set()
+        for v in self.versions() if versions is None else versions:
+            for entry in self.manifest(v)["files"].values():
+                out.update(piece_file(r) for r in entry["files"])
+        return out
 
     def tmp_dir(self, batch_id: int) -> str:
         return fsutil.join(self.root, "tmp", f"batch={batch_id}")
@@ -108,29 +122,23 @@ class StateStore:
         kept = versions[-keep:]
         for v in versions[:-keep]:
             fsutil.remove(self.manifest_path(v))
-        referenced = set()
-        for v in kept:
-            for entry in self.manifest(v)["files"].values():
-                referenced.update(entry["files"])
+        referenced = self.referenced(kept)
         oldest = kept[0] if kept else None
         removed = []
+        fs, root = fsutil.resolve(self.root)
         for name in fsutil.listdir(self.root):
             m = VERSION_DIR.match(name)
             if not m or (oldest is not None and int(m.group(1)) >= oldest):
                 continue
-            vdir = fsutil.join(self.root, name)
             prefix = name + "/"
-            refs = [r for r in referenced if r.startswith(prefix)]
-            if not refs:
-                fsutil.remove(vdir)
+            if not any(r.startswith(prefix) for r in referenced):
+                fsutil.remove(fsutil.join(self.root, name))
                 removed.append(name)
                 continue
-            for cls in fsutil.listdir(vdir):
-                for stream in fsutil.listdir(fsutil.join(vdir, cls)):
-                    for f in fsutil.listdir(fsutil.join(vdir, cls, stream)):
-                        rel = f"{name}/{cls}/{stream}/{f}"
-                        if rel not in referenced:
-                            fsutil.remove(fsutil.join(self.root, rel))
+            for info in fs.get_file_info(pafs.FileSelector(f"{root}/{name}", recursive=True)):
+                rel = info.path[len(root) + 1:]
+                if info.type == pafs.FileType.File and rel not in referenced:
+                    fs.delete_file(info.path)
         return removed
 
 
@@ -202,8 +210,20 @@ def _cache_get(root: str, files: tuple, after) -> KeyedRows | None:
     return rows.purge(after)
 
 
-def _read_file(root: str, rel: str) -> pa.Table:
-    with pa.ipc.open_file(pa.py_buffer(fsutil.read_bytes(fsutil.join(root, rel)))) as reader:
+def piece_file(ref: str) -> str:
+    """The file a piece reference (``<file>@<offset>:<length>``, or a whole file) lies in."""
+    return ref.rsplit("@", 1)[0]
+
+
+def _read_file(root: str, ref: str) -> pa.Table:
+    """The rows of one piece (or of a whole state file written before pieces)."""
+    path, _, span = ref.rpartition("@")
+    if not path:
+        data = pa.py_buffer(fsutil.read_bytes(fsutil.join(root, ref)))
+    else:
+        offset, length = (int(x) for x in span.split(":"))
+        data = fsutil.read_range(fsutil.join(root, path), offset, length)
+    with pa.ipc.open_file(data) as reader:
         return reader.read_all()
 
 
@@ -230,32 +250,65 @@ def load_state(root: str, entry: dict | None, key_col: str, budget_bytes: int) -
     return rows, source
 
 
-def _write_file(root: str, rel: str, rows: KeyedRows) -> None:
+def _ipc_bytes(rows: KeyedRows) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     table = rows.table.combine_chunks()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    fsutil.atomic_write_bytes(fsutil.join(root, rel), sink.getvalue().to_pybytes())
+    return sink.getvalue()
+
+
+class StateWriter:
+    """One task's state writes of one version, made durable as one file of pieces (:meth:`flush`).
+
+    :meth:`persist` decides per (class, stream, bucket) whether to append the batch's new rows or to
+    compact, and returns the new manifest entry at once; its last piece reference is filled in (and the
+    rows cached) by :meth:`flush`, which the task calls before it reports the entries."""
+
+    def __init__(self, root: str, version: int, tag: str, budget_bytes: int):
+        self.root, self.rel, self.budget = root, StateStore.file_rel(version, tag), budget_bytes
+        self.pending: list = []  # (entry, rows written, live rows)
+
+    def persist(self, prev: dict | None, update) -> dict | None:
+        """The new manifest entry for ``update`` (a :class:`~mjoin.engine.operator.StateUpdate`) on top of
+        ``prev`` (None: no rows): the batch's new rows as one more piece, or the live rows as one (compaction)."""
+        rows = update.rows
+        if len(rows) == 0:
+            return None
+        files = list(prev["files"]) if prev else []
+        stored = prev.get("stored", 0) if prev else 0
+        entry = {"files": files, "after": update.threshold, "stored": stored, "tuples": len(rows), "keys": rows.nkeys}
+        if len(update.delta) or not files:
+            if files and len(files) < MAX_FILES and stored + len(update.delta) <= 2 * len(rows):
+                piece, entry["stored"] = update.delta, stored + len(update.delta)
+            else:  # compaction: the live state as one piece
+                piece, entry["files"], entry["stored"] = rows, [], len(rows)
+            entry["files"].append(None)  # filled in by flush
+            self.pending.append((entry, piece, rows))
+        else:
+            _cache_put((self.root, tuple(files), update.threshold), rows, self.budget)
+        return entry
+
+    def flush(self) -> None:
+        """Write every pending piece into one file, complete the entries, cache the rows."""
+        if not self.pending:
+            return
+        blobs, offset = [], 0
+        for entry, piece, _ in self.pending:
+            blob = _ipc_bytes(piece)
+            entry["files"][-1] = f"{self.rel}@{offset}:{blob.size}"
+            blobs.append(blob)
+            offset += blob.size
+        fsutil.write_buffers(fsutil.join(self.root, self.rel), blobs)
+        for entry, _, rows in self.pending:
+            _cache_put((self.root, tuple(entry["files"]), entry["after"]), rows, self.budget)
+        self.pending = []
 
 
 def persist_state(root: str, version: int, attr_class: str, stream: str, bucket: int, prev: dict | None,
                   update, budget_bytes: int) -> dict | None:
-    """Make ``update`` (a :class:`~mjoin.engine.operator.StateUpdate`) durable; returns the new
-    manifest entry (None: no rows). Appends the batch's new rows as one file, or compacts."""
-    rows = update.rows
-    if len(rows) == 0:
-        return None
-    files = list(prev["files"]) if prev else []
-    stored = prev.get("stored", 0) if prev else 0
-    if len(update.delta) or not files:
-        if files and len(files) < MAX_FILES and stored + len(update.delta) <= 2 * len(rows):
-            rel = StateStore.file_rel(version, attr_class, stream, bucket)
-            _write_file(root, rel, update.delta)
-            files.append(rel)
-            stored += len(update.delta)
-        else:  # compaction: the live state as one file
-            rel = StateStore.file_rel(version, attr_class, stream, bucket)
-            _write_file(root, rel, rows)
-            files, stored = [rel], len(rows)
-    _cache_put((root, tuple(files), update.threshold), rows, budget_bytes)
-    return {"files": files, "after": update.threshold, "stored": stored, "tuples": len(rows), "keys": rows.nkeys}
+    """Make one ``update`` durable at once (a :class:`StateWriter` of one piece); returns the new entry."""
+    writer = StateWriter(root, version, f"{attr_class}-{stream}-b{bucket:05d}", budget_bytes)
+    entry = writer.persist(prev, update)
+    writer.flush()
+    return entry
