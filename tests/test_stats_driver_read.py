@@ -72,6 +72,9 @@ def mixed(tmp_path_factory):
     t1 = T0 + N * TAU
     _land(lake, "src_b", t1, pa.table({"ts": pa.array([t1, t1, t1 + 1, T0 - 30, T0 - 29], pa.int32()),
                                        "kb": pa.array([1, 2, 1, 1, 2], pa.int64())}))
+    # a: one file with other Arrow types (zone-aware microseconds, int64 keys): read as its own group
+    _land(lake, "src_a", t1, pa.table({"ts": pa.array([t1 * 10**6, (t1 - 7) * 10**6], pa.timestamp("us", "UTC")),
+                                       "ka": pa.array([2, None], pa.int64())}))
     # d: dates (midnight UTC), one file
     _land(lake, "src_d", T0, pa.table({
         "day": pa.array(np.array([T0 // 86400 - 1, T0 // 86400, T0 // 86400 - 1], np.int32), pa.date32()),
