@@ -224,6 +224,36 @@ def summarize(runs: list) -> dict:
     }
 
 
+def markdown(result: dict) -> str:
+    """The side-by-side tables of one result file (per cycle and per period, medians with the repetitions'
+    spread; the statistics job's Spark jobs and py4j calls; the gates' parts under cProfile)."""
+    v = result["versions_compared"]
+    b, h = v["base"], v["head"]
+    c = result["commits"]
+    lines = [f"| step | before ({c['base']}), s | after ({c['head']}), s |", "|---|---|---|"]
+
+    def cell(s):
+        return f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]" if s["median"] is not None else "-"
+
+    for step in STEPS:
+        lines.append(f"| {step} | {cell(b['cycle_step_rep_medians'][step])} | {cell(h['cycle_step_rep_medians'][step])} |")
+    lines.append(f"| **per 10-s cycle** | **{b['cycle_total_seconds']['median']:.3f}** | "
+                 f"**{h['cycle_total_seconds']['median']:.3f}** |")
+    for step in STEPS:
+        lines.append(f"| per {b['period_seconds']}-s period: {step} | {b['period_step_seconds'][step]['median']:.3f} | "
+                     f"{h['period_step_seconds'][step]['median']:.3f} |")
+    lines.append(f"| **per {b['period_seconds']}-s period** | **{cell(b['period_total_seconds'])}** | "
+                 f"**{cell(h['period_total_seconds'])}** |")
+    sj_b, sj_h = b["statistics_job"], h["statistics_job"]
+    lines.append(f"| statistics job per cycle: Spark jobs / py4j calls | {sj_b['spark_jobs']['median']:g} / "
+                 f"{sj_b['py4j_calls']['median']:g} | {sj_h['spark_jobs']['median']:g} / {sj_h['py4j_calls']['median']:g} |")
+    for part in ("suite_building", "registering", "validation", "freshness_and_store", "result_json", "frames",
+                 "gates", "forecast_fits", "forecast"):
+        lines.append(f"| under cProfile, one cycle: {part} | {b['gates_under_profile'][part]['median']:.3f} | "
+                     f"{h['gates_under_profile'][part]['median']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", required=True, help="a TPC-DS lake (run_evaluation.py's tpcds-sf<sf>[-<duration>])")
@@ -236,11 +266,17 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=60)
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--markdown", metavar="JSON", help="print a result file's tables and exit")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--include", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
+    if argv is None and "--markdown" in sys.argv:
+        argv = sys.argv[1:] + ["--workload", "-"]
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
     if args.child:
         Path(args.json).write_text(json.dumps(child(args), default=str))
         return 0
