@@ -125,3 +125,29 @@ def test_event_time_from_an_expression_stays_with_spark(spark, mixed):
     import pandas as pd
 
     pd.testing.assert_frame_equal(run.rows, same.rows)  # timestamp_seconds(ts) is what a long ts means
+
+
+def test_a_file_the_driver_read_does_not_convert_falls_back_to_spark(spark, tmp_path):
+    """Epoch seconds declared double but landed as decimals (the landing contract accepts any fractional type):
+    pyarrow's decimal-to-double rounding is not Spark's, so the job reads that interval with Spark (and says
+    why) instead of failing or guessing."""
+    import decimal
+
+    import pandas as pd
+
+    spec = {**SPEC, "name": "decimal_time", "streams": [dict(s) for s in SPEC["streams"][:2]],
+            "predicates": ["a.ka = b.kb"]}
+    spec["streams"][1]["columns"] = {"ts": "double", "kb": "long"}
+    q = parse_query(spec)
+    lake = Lake(str(tmp_path / "lake"))
+    ts = [T0 + 1, T0 + 2.5, T0 + 11]
+    _land(lake, "src_a", T0, pa.table({"ts": pa.array([(t * 1000) for t in (T0, T0 + 3)], pa.timestamp("ms")),
+                                       "ka": pa.array([1, 2], pa.int32())}))
+    _land(lake, "src_b", T0, pa.table({"ts": pa.array([decimal.Decimal(f"{t:.3f}") for t in ts], pa.decimal128(14, 3)),
+                                       "kb": pa.array([1, 2, 1], pa.int64())}))
+    run = compute_statistics(spark, q, lake, T0, T0 + TAU, TAU)
+    assert run.summary["kernel"]["where"] == "driver" and run.summary["kernel"]["read"] == "spark"
+    assert "decimal" in run.summary["kernel"]["read_note"]
+    same = compute_statistics(spark, q, lake, T0, T0 + TAU, TAU, StatsConfig(driver_read=False))
+    pd.testing.assert_frame_equal(run.rows, same.rows)
+    assert run.rows["tuples"].sum() == 5  # every row counted
