@@ -2,7 +2,13 @@
 
 One ephemeral context per process, made on first use and reused (importing GX
 costs ~2.5 s once; a validation on it then takes ~0.02-0.1 s, see
-docs/gates.md). Each gate builds its summary frames in pandas, each frame is
+docs/gates.md). Kept warm: a suite is registered with its validation definition
+once, when a new suite object is first validated (the suite functions of
+:mod:`mjoin.gates.suites` return the same object for the same query and
+settings), and a validation runs GX's validator on the in-memory frame and
+stamps the result as ``ValidationDefinition.run`` does, without the per-call
+freshness check and results store (bench/evaluation/README.md, "The loop's
+overhead", measures what that saves). Each gate builds its summary frames in pandas, each frame is
 validated by one suite (``mjoin.<gate>.<frame>``), and the failed
 expectations are read back from the GX result into :class:`Failure` records.
 
@@ -64,7 +70,8 @@ _quiet_gx_logging()  # before anything here imports great_expectations
 
 
 class GXRunner:
-    """One ephemeral GX context with a pandas data source; one asset and validation definition per suite."""
+    """One ephemeral GX context with a pandas data source; one asset and validation definition per suite,
+    registered when a suite object is first validated and reused while the gates pass the same object."""
 
     def __init__(self):
         _quiet_gx_logging()
@@ -76,8 +83,10 @@ class GXRunner:
         config = DataContextConfig(analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
                                    store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False))
         self.context = gx.get_context(mode="ephemeral", project_config=config)
+        _cache_configurations()
         self.source = self.context.data_sources.add_pandas("mjoin")
         self._batches: dict = {}
+        self._definitions: dict = {}  # suite name -> (the suite object registered, its ValidationDefinition)
 
     def _batch_definition(self, suite_name: str):
         bd = self._batches.get(suite_name)
@@ -87,23 +96,91 @@ class GXRunner:
             self._batches[suite_name] = bd
         return bd
 
+    def _definition(self, suite):
+        """The validation definition of ``suite``: registered (suite and definition, as before every run until
+        now) only when this suite object is new, i.e. the first time or after the suite was rebuilt."""
+        known = self._definitions.get(suite.name)
+        if known is not None and known[0] is suite:
+            return known[1]
+        bd = self._batch_definition(suite.name)
+        registered = self.context.suites.add_or_update(suite)
+        vd = self.context.validation_definitions.add_or_update(
+            self._gx.ValidationDefinition(name=suite.name, data=bd, suite=registered))
+        self._definitions[suite.name] = (suite, vd)
+        return vd
+
     def validate(self, suite, frame) -> dict:
         """Validate ``frame`` (must hold ``where`` and ``row_id``) with ``suite``; the GX result as JSON."""
-        gx = self._gx
         with _lock:
-            bd = self._batch_definition(suite.name)
-            suite = self.context.suites.add_or_update(suite)
-            vd = self.context.validation_definitions.add_or_update(
-                gx.ValidationDefinition(name=suite.name, data=bd, suite=suite))
-            result = vd.run(batch_parameters={"dataframe": frame},
-                            result_format={"result_format": "SUMMARY", "partial_unexpected_count": MAX_VALUES,
-                                           "unexpected_index_column_names": [WHERE, ROW_ID]})
-            # ValidationDefinition.run also keeps every result in the context's (in-memory) results
-            # store; the caller owns the result, so drop it there: a long-lived process must not grow
-            store = self.context.validation_results_store
-            for key in store.list_keys():
-                store.remove_key(key)
+            vd = self._definition(suite)
+            result = _run(vd, {"dataframe": frame}, RESULT_FORMAT)
         return result.to_json_dict()
+
+
+RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_VALUES,
+                 "unexpected_index_column_names": [WHERE, ROW_ID]}
+
+
+def _run(vd, batch_parameters: dict, result_format: dict):
+    """``vd.run(batch_parameters=..., result_format=...)`` without what a private, already registered definition
+    does not need: the freshness check against the context's stores (the definition was just registered and
+    nothing else writes to this process's ephemeral context) and the results store (the caller owns the result;
+    storing then dropping it cost ~25 ms per validation). The result, its ``meta`` included, is what ``run``
+    returns (GX 1.x ``ValidationDefinition.run``; the gates tests compare the two)."""
+    import datetime
+
+    from great_expectations.constants import DATAFRAME_REPLACEMENT_STR
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.validator.v1_validator import Validator
+
+    global _configurations
+    validator = Validator(batch_definition=vd.batch_definition, batch_parameters=batch_parameters,
+                          result_format=result_format)
+    _configurations = {}
+    try:
+        results = validator.validate_expectation_suite(vd.suite, None)
+    finally:
+        _configurations = None
+    run_id = RunIdentifier(run_time=datetime.datetime.now(datetime.timezone.utc))
+    results.meta["validation_id"] = vd.id
+    results.meta["checkpoint_id"] = None
+    results.meta["run_id"] = run_id
+    results.meta["validation_time"] = run_id.run_time
+    results.meta["batch_parameters"] = {k: (DATAFRAME_REPLACEMENT_STR if k == "dataframe" else v)
+                                        for k, v in batch_parameters.items()}
+    return results
+
+
+#: while :func:`_run` validates (under ``_lock``): id(expectation) -> (expectation, its configuration)
+_configurations: dict | None = None
+
+
+def _cache_configurations() -> None:
+    """Let GX's ``Expectation.configuration`` be computed once per expectation object and validation.
+
+    GX 1.x rebuilds the property (a pydantic ``dict()`` and a new ``ExpectationConfiguration``) on every
+    access, and one validation reads it ~500 times for a 16-expectation suite: about a third of a gate's
+    time (bench/evaluation/README.md, "The loop's overhead"). Within one of our validations the expectation
+    objects (made from the registered suite for that run) do not change, so the value is kept for the
+    run and dropped after it; outside :func:`_run` the property is computed as GX does."""
+    from great_expectations.expectations.expectation import Expectation
+
+    prop = Expectation.__dict__.get("configuration")
+    if not isinstance(prop, property) or getattr(prop.fget, "_mjoin_per_run", False):
+        return
+    compute = prop.fget
+
+    def configuration(self):
+        cache = _configurations
+        if cache is None:
+            return compute(self)
+        hit = cache.get(id(self))
+        if hit is None or hit[0] is not self:
+            hit = cache[id(self)] = (self, compute(self))
+        return hit[1]
+
+    configuration._mjoin_per_run = True
+    Expectation.configuration = property(configuration, doc=prop.__doc__)
 
 
 def runner() -> GXRunner:

@@ -13,6 +13,7 @@ pandas first (a deviation, a finiteness flag) that a built-in expectation checks
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 from .gxengine import expect, make_suite
@@ -29,6 +30,33 @@ EXPECTATIONS: dict[str, str] = {}
 def _doc(name: str, text: str) -> str:
     EXPECTATIONS[name] = text
     return name
+
+
+_SUITES: dict = {}  # (suite function, query name and fingerprint, the other arguments) -> ExpectationSuite
+_SUITES_MAX = 256
+
+
+def _built_once(fn):
+    """A suite function that builds its suite once per query spec (name and fingerprint) and arguments
+    (the gate settings are a frozen GateConfig) and then returns the same object: building a suite costs
+    ~5 ms, and the GX runner registers a suite only when it sees a new object (:mod:`mjoin.gates.gxengine`)."""
+
+    @functools.wraps(fn)
+    def suite(*args, **kwargs):
+        key = (fn.__name__, tuple((a.name, a.fingerprint) if hasattr(a, "stream_names") else a for a in args),
+               tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:  # an unhashable argument: build every time, as before
+            return fn(*args, **kwargs)
+        got = _SUITES.get(key)
+        if got is None:
+            if len(_SUITES) >= _SUITES_MAX:
+                _SUITES.clear()
+            got = _SUITES[key] = fn(*args, **kwargs)
+        return got
+
+    return suite
 
 
 # ---- 1. input gate ---------------------------------------------------------------------
@@ -56,6 +84,7 @@ _doc("input.stream_flows_when_expected", "every stream not in quiet_streams land
                                          "bound per cycle and over the interval")
 
 
+@_built_once
 def input_files_suite(query, cfg):
     """Frame ``files``: one row per landed file of the interval (where = path in the lake, stream,
     arrival, cycle, rows, read_error, schema_problem, missing_keys, no_event_time, duplicate_of,
@@ -76,6 +105,7 @@ def input_files_suite(query, cfg):
     ])
 
 
+@_built_once
 def input_cycles_suite(query, cfg, late_tolerance: float):
     """Frame ``cycles``: one row per stream and arrival cycle (where = ``stream@cycle``) and per stream over
     the interval (``stream@interval``): rows, min_rows; null_key_rows of key_checked_rows, late and future
@@ -119,6 +149,7 @@ def input_cycles_suite(query, cfg, late_tolerance: float):
 REQUIRED_COLUMNS = ("query", "cycle_start", "group", "entity", "stream", "right") + STREAM_FIELDS + EDGE_FIELDS
 
 
+@_built_once
 def columns_suite(query, prefix: str = "stats"):
     """Frame: the statistics rows as given (only their columns matter)."""
     return make_suite(f"mjoin.{prefix}.columns.{query.name}", [
@@ -190,12 +221,14 @@ def _value_rules(prefix: str, query) -> list:
     return rules
 
 
+@_built_once
 def stats_values_suite(query, cfg):
     """Frame ``values``: the tidy statistics rows of the history (one per cycle x group x stream or
     directed edge) with ``where`` = ``[s]@cycle`` or ``[l][r]@cycle`` (`` g<k>`` for key group k > 0)."""
     return make_suite(f"mjoin.stats.values.{query.name}", _value_rules("stats", query))
 
 
+@_built_once
 def history_columns_suite(query):
     """Frame: the statistics history the forecast is compared with (only its columns matter)."""
     return make_suite(f"mjoin.forecast.history_columns.{query.name}", [
@@ -207,6 +240,7 @@ def history_columns_suite(query):
     ])
 
 
+@_built_once
 def coverage_suite(prefix: str, query):
     """Frame ``coverage``: one row per (cycle present, key group, stream or directed edge of the graph);
     ``stream_present`` / ``edge_present`` is True/False on stream / edge rows and None on the others."""
@@ -229,6 +263,7 @@ _doc("stats.cycles_on_grid", "every cycle in the interval starts on the grid sta
 _doc("stats.history_long_enough", "at least min_history cycles of history before the interval end")
 
 
+@_built_once
 def stats_cycles_suite(query, cfg):
     """Frame ``cycles``: one row per cycle expected in the interval or present in it (expected, present)."""
     return make_suite(f"mjoin.stats.cycles.{query.name}", [
@@ -241,6 +276,7 @@ def stats_cycles_suite(query, cfg):
     ])
 
 
+@_built_once
 def stats_history_suite(query, cfg):
     """Frame ``history``: one row per distinct cycle present before the interval end."""
     return make_suite(f"mjoin.stats.history.{query.name}", [
@@ -252,6 +288,7 @@ def stats_history_suite(query, cfg):
 
 # ---- 3. forecast -------------------------------------------------------------------------
 
+@_built_once
 def forecast_document_suite(query):
     """Frame ``document``: one row (schema_problem: why the forecast could not be read, or None)."""
     return make_suite(f"mjoin.forecast.document.{query.name}", [
@@ -261,6 +298,7 @@ def forecast_document_suite(query):
     ])
 
 
+@_built_once
 def forecast_values_suite(query, cfg):
     """Frame ``values``: the forecast snapshot as tidy rows (same columns as the statistics gate's)."""
     return make_suite(f"mjoin.forecast.values.{query.name}", _value_rules("forecast", query))
@@ -270,6 +308,7 @@ _doc("forecast.has_recent_history", "every forecast value has at least one value
 _doc("forecast.near_recent_history", "every forecast value is within forecast_spread_k spreads of the range of the recent history")
 
 
+@_built_once
 def forecast_plausibility_suite(query, cfg):
     """Frame ``plausibility``: one row per forecast value (where, field, value, median, low, high, spread,
     deviation, n_history); deviation = distance from value to [min, max] of the recent history / spread."""
@@ -302,6 +341,7 @@ _doc("plan.improves_on_active", "(cost_active - cost_new) / cost_active >= impro
                                 "is no_change, not a failure")
 
 
+@_built_once
 def plan_document_suite(query, cfg, *, schema_only: bool = False, for_query_only: bool = False,
                         with_cost: bool = True):
     """Frame ``plan``: one row (schema_problem, plan_query, fingerprint, problems, estimated_cost,
@@ -336,6 +376,7 @@ def plan_document_suite(query, cfg, *, schema_only: bool = False, for_query_only
     return make_suite(f"mjoin.plan.document.{query.name}", rules)
 
 
+@_built_once
 def plan_orders_suite(query, cfg):
     """Frame ``orders``: one row per key group x stream (where = ``order[s] g<k>``, order, complete)."""
     return make_suite(f"mjoin.plan.orders.{query.name}", [

@@ -62,6 +62,21 @@ def one_pass(base, grid: Grid, windows_us: list[int], stream_classes: list[list[
     return run_partials(route(base, stream_classes, buckets, partitions), params)
 
 
+def driver_pass(read, query, grid: Grid, rule, usable, windows_us, stream_classes, class_members, buckets: int,
+                cells: tuple = ()) -> dict:
+    """:func:`one_pass` with the kernel on the driver over the rows ``read(query, grid, rule, usable,
+    stream_classes)`` gives (:func:`mjoin.stats.sources.read_routed`: the same rows, read with pyarrow, no Spark
+    job)."""
+    from . import kernel
+
+    params = kernel_params(grid, windows_us, stream_classes, class_members, buckets, cells)
+    t = time.perf_counter()
+    rows = read(query, grid, rule, usable, stream_classes)
+    t_read = time.perf_counter()
+    out = kernel.partials(rows, params)
+    return _summed(out, params, {"read": t_read - t, "kernel": time.perf_counter() - t_read})
+
+
 def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int, cells: tuple = ()):
     from . import kernel
 

@@ -28,7 +28,7 @@ from ..sparkutil import session_info
 from ..statistics import Statistics, StatisticsError
 from ..timeutil import iso, to_epoch
 from . import exact, history
-from .sources import US, Grid, load_streams
+from .sources import US, DriverReadUnsupported, Grid, checked_files, driver_read_problem, load_streams, read_routed
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ class StatsConfig:
     # price key-to-group rules it has not run (mjoin.optimizers.partitioning); 0: none
     key_buckets: int = 64
     key_ranges: int = 64
+    # exact pass with the kernel on the driver: read the interval's files with pyarrow there too (no Spark job),
+    # where that gives exactly Spark's rows (sources.driver_read_problem); False: collect them with Spark
+    driver_read: bool = True
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -125,23 +128,45 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     class_members = {ci: [sid for sid, cs in enumerate(stream_classes) if ci in cs] for ci in range(len(classes))}
     windows_us = [exact.micros(s.window) for s in query.streams]
 
-    base, reports = load_streams(spark, query, lake, grid, config.partitioning, prune_arrivals=config.prune_arrivals)
+    files = checked_files(query, lake, grid, prune_arrivals=config.prune_arrivals)
+    reports = files[0]
+    routed_bound = sum(reports[s].rows_in_files * len(stream_classes[sid]) for sid, s in enumerate(query.stream_names))
+    one_pass = config.mode == "exact" and config.method == "pass"
+    on_driver = one_pass and 0 < routed_bound <= int(config.driver_rows)
+    read_problem = ("off (driver_read = False)" if not config.driver_read else
+                    driver_read_problem(spark, query)) if on_driver else "the kernel runs on the executors"
+    base = None
+    if read_problem is not None:
+        base, _ = load_streams(spark, query, lake, grid, config.partitioning, prune_arrivals=config.prune_arrivals,
+                               files=files)
     timings["plan"] = time.perf_counter() - t_start  # listing and checking the landed files
     cell_sets, cell_note = cell_rules(query, config, reports)
     sketch_info = kernel_where = None
     cell_frames = []
-    if config.mode == "exact" and config.method == "pass":
+    if one_pass:
         t = time.perf_counter()
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        routed_bound = sum(reports[s].rows_in_files * len(stream_classes[sid]) for sid, s in enumerate(query.stream_names))
-        on_driver = 0 < routed_bound <= int(config.driver_rows)
-        res = exact.one_pass(base, grid, windows_us, stream_classes, class_members, config.histogram_buckets,
-                             partitions, on_driver=on_driver, cells=tuple(kernel_cells(r) for r in cell_sets.values()))
+        cells = tuple(kernel_cells(r) for r in cell_sets.values())
+        res = None
+        if read_problem is None:
+            try:
+                res = exact.driver_pass(read_routed, query, grid, config.partitioning, files[1], windows_us,
+                                        stream_classes, class_members, config.histogram_buckets, cells)
+            except DriverReadUnsupported as exc:
+                read_problem = str(exc)
+                base, _ = load_streams(spark, query, lake, grid, config.partitioning,
+                                       prune_arrivals=config.prune_arrivals, files=files)
+        if res is None:
+            partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+            res = exact.one_pass(base, grid, windows_us, stream_classes, class_members, config.histogram_buckets,
+                                 partitions, on_driver=on_driver, cells=cells)
         cell_frames = res["cells"]
         kernel_where = {"where": "driver" if on_driver else "executors", "rows_bound": routed_bound,
-                        "driver_rows": int(config.driver_rows)}
-        log.info("statistics kernel on the %s (at most %d routed rows; driver_rows %d)", kernel_where["where"],
-                 routed_bound, config.driver_rows)
+                        "driver_rows": int(config.driver_rows),
+                        "read": "pyarrow on the driver" if read_problem is None else "spark"}
+        if on_driver and read_problem is not None:
+            kernel_where["read_note"] = read_problem
+        log.info("statistics kernel on the %s (at most %d routed rows; driver_rows %d; read by %s)",
+                 kernel_where["where"], routed_bound, config.driver_rows, kernel_where["read"])
         timings["one_pass"] = time.perf_counter() - t
         timings.update({f"one_pass_{k}": v for k, v in res["seconds"].items()})
         counts, wt, kap, edges, hist = (res[k] for k in ("counts", "window_tuples", "kappa", "edges", "histogram"))

@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import fsutil
@@ -250,16 +252,16 @@ def _spark_path(path: str) -> str:
     return path if fsutil.is_url(path) else "file://" + fsutil.resolve(path)[1]
 
 
-def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arrivals: bool = True):
-    """The narrow DataFrame of all streams (see module doc) and a report per stream."""
-    classes = query.all_classes
-    part_class = rule["attr_class"] if rule else None
-    frames, reports = [], {}
-    for sid, s in enumerate(query.streams):
+def checked_files(query, lake, grid: Grid, *, prune_arrivals: bool = True) -> tuple[dict, dict]:
+    """``({stream: StreamReport}, {stream: {Spark type signature: [paths]}})``: the landed files of every stream
+    that the interval needs, each checked from its Parquet footer (unreadable or unusable files are skipped and
+    reported with the reason)."""
+    reports, usable = {}, {}
+    for s in query.streams:
         rep = reports[s.name] = StreamReport(stream=s.name, source=s.source)
         lo = (grid.t0_us - s.window * US) / US
         files = select_files(lake, s, lo, grid.t1_us / US + query.lateness, prune_arrivals, rep)
-        by_schema: dict = {}
+        by_schema = usable[s.name] = {}
         for f in files:
             try:
                 schema, num_rows, ranges = _footer_of(f, s.keys)
@@ -279,6 +281,18 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         rep.files = sum(len(v) for v in by_schema.values())
         for r in rep.rejected_files:
             log.warning("stream %s: skipped %s: %s", s.name, r["file"], r["reason"])
+    return reports, usable
+
+
+def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arrivals: bool = True, files=None):
+    """The narrow DataFrame of all streams (see module doc) and a report per stream (``files``: what
+    :func:`checked_files` returned, if the caller has it already)."""
+    classes = query.all_classes
+    part_class = rule["attr_class"] if rule else None
+    frames = []
+    reports, usable = files or checked_files(query, lake, grid, prune_arrivals=prune_arrivals)
+    for sid, s in enumerate(query.streams):
+        by_schema = usable[s.name]
         lo_us = grid.t0_us - int(round(s.window * US))
         # one projection and one filter per file schema, as SQL strings: in a classic session every DataFrame
         # call is a round trip to the JVM and an analysis, and this plan is rebuilt every run
@@ -309,3 +323,140 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         schema = "sid int, t bigint, g bigint, " + ", ".join(f"k{i} bigint" for i in range(len(classes)))
         base = spark.createDataFrame([], schema)
     return base, reports
+
+
+# ---- the same rows read on the driver (small intervals) ------------------------------------------
+
+def driver_read_problem(spark, query) -> str | None:
+    """Why :func:`read_routed` cannot produce exactly the rows Spark's projection would (None: it can). It
+    covers the event-time columns that are a timestamp, a date or epoch seconds (integral or fractional) and
+    integral keys; an event-time ``expr`` or ``format`` (Spark SQL), band classes (scaled keys) and a session
+    time zone other than UTC (Spark reads zone-less timestamps and dates in it) stay with Spark."""
+    if getattr(query, "bands", ()) or query.band_classes:
+        return "band classes"
+    for s in query.streams:
+        if s.event_time.expr is not None or s.event_time.format is not None:
+            return f"stream {s.name}: event time from a Spark SQL expression or pattern"
+        if stream_type_family(s.columns.get(s.event_time.column, "")) not in ("timestamp", "date", "integral",
+                                                                            "fractional"):
+            return f"stream {s.name}: event time of type {s.columns.get(s.event_time.column)}"
+    try:
+        tz = spark.conf.get("spark.sql.session.timeZone")
+    except Exception:  # noqa: BLE001 - a session that cannot tell: leave it to Spark
+        return "the session time zone is unknown"
+    if tz not in ("UTC", "Etc/UTC", "Z", "+00:00", "GMT"):
+        return f"session time zone {tz} (not UTC)"
+    return None
+
+
+def stream_type_family(spec_type: str) -> str:
+    return _spec_family(spec_type)
+
+
+def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Event time as epoch microseconds and its validity, as :func:`event_time_sql` computes it in a UTC
+    session (timestamps and dates at UTC; epoch seconds x 10^6, NULL where that overflows a bigint;
+    fractional seconds truncated toward zero as ``try_cast(... AS BIGINT)`` does)."""
+    typ = col.type
+    ok = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if pa.types.is_timestamp(typ):
+        us = pc.cast(col, pa.timestamp("us", typ.tz)).cast(pa.int64())
+        return us.fill_null(0).to_numpy(), ok
+    if pa.types.is_date(typ):
+        days = pc.cast(col, pa.date32()).cast(pa.int32())
+        return days.fill_null(0).to_numpy().astype(np.int64) * 86_400 * US, ok
+    if pa.types.is_integer(typ):
+        v = _int64(col, "the event-time column")
+        lim = np.iinfo(np.int64).max // US
+        ok &= (v >= -lim) & (v <= lim)  # try_multiply: NULL on overflow
+        return np.where(ok, v, 0) * US, ok
+    if not pa.types.is_floating(typ):  # decimals: Spark's decimal-to-double rounding is not re-done here
+        raise DriverReadUnsupported(f"an event-time column of type {typ}")
+    x = pc.cast(col, pa.float64()).fill_null(0).to_numpy() * float(US)  # c * 1000000D
+    ok &= np.isfinite(x) & (x >= -2.0 ** 63) & (x < 2.0 ** 63)  # try_cast: NULL out of range
+    return np.where(ok, np.trunc(x), 0).astype(np.int64), ok
+
+
+def _groups(key: np.ndarray, key_ok: np.ndarray, rule: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """The key group of each row (``partition.sql_group_expr``); NULL where the key is NULL."""
+    if not rule:
+        return np.zeros(len(key), dtype=np.int64), np.ones(len(key), dtype=bool)
+    method = rule["method"]
+    if method == "hash":
+        g = np.mod(key, int(rule["groups"]))  # numpy's mod takes the divisor's sign: pmod
+    elif method == "range":
+        bounds = np.asarray([int(b) for b in rule["bounds"]], dtype=np.int64)
+        g = np.searchsorted(bounds, key, side="right").astype(np.int64) if len(bounds) else np.zeros(len(key),
+                                                                                                      np.int64)
+    elif method == "table":
+        assignment = np.asarray([int(a) for a in rule["assignment"]], dtype=np.int64)
+        g = assignment[np.mod(key, int(rule["modulus"]))]
+    else:
+        raise ValueError(f"unknown partitioning method {method!r} (hash, range, table)")
+    return np.where(key_ok, g, 0), key_ok
+
+
+class DriverReadUnsupported(ValueError):
+    """A landed file whose columns :func:`read_routed` does not convert exactly as Spark does (the caller reads
+    the interval with Spark instead)."""
+
+
+def _int64(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    if not (pa.types.is_signed_integer(col.type) or pa.types.is_unsigned_integer(col.type) and col.type.bit_width < 64):
+        raise DriverReadUnsupported(f"{what} has type {col.type}")
+    return pc.cast(col, pa.int64()).fill_null(0).to_numpy()
+
+
+def read_routed(query, grid: Grid, rule: dict | None, usable: dict, stream_classes: list[list[int]]) -> pa.Table:
+    """The rows ``exact.route(load_streams(...), ...)`` collects (``ci, sid, t, g, key``: every row once per
+    attribute class of its stream, lead-in and NULL event times included), read with pyarrow on the driver from
+    the files :func:`checked_files` kept: no Spark job for an interval small enough for the driver's kernel.
+    Only where :func:`driver_read_problem` is None (tests compare both readers)."""
+    classes = query.all_classes
+    part_class = rule["attr_class"] if rule else None
+    parts = []
+    for sid, s in enumerate(query.streams):
+        cols = needed_columns(s, query)
+        key_cols = [query.key_column(s.name, c) for c in classes]
+        lo_us = grid.t0_us - int(round(s.window * US))
+        same_types: dict = {}  # the stream's files by the Arrow types of their needed columns: converted at once
+        for paths in usable[s.name].values():
+            for path in paths:
+                fs, p = fsutil.resolve(path)
+                with fs.open_input_file(p) as f:  # ParquetFile.read: ~2.5x faster than read_table on small files
+                    table = pq.ParquetFile(f).read(columns=cols, use_threads=False)
+                table = pa.table({c: table.column(c) for c in cols})  # no file or field metadata
+                same_types.setdefault(tuple(str(fld.type) for fld in table.schema), []).append(table)
+        for tables in same_types.values():
+            table = pa.concat_tables(tables)
+            t, t_ok = _micros(table.column(s.event_time.column))
+            keep = ~t_ok | ((t > lo_us) & (t <= grid.t1_us))
+            if not keep.any():
+                continue
+            keys = []
+            for kc in key_cols:
+                if kc is None:
+                    keys.append((np.zeros(int(keep.sum()), np.int64), np.zeros(int(keep.sum()), bool)))
+                    continue
+                col = table.column(kc)
+                ok = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                keys.append((_int64(col, f"stream {s.name}: key column {kc}")[keep], ok[keep]))
+            if part_class is None:
+                g, g_ok = _groups(keys[0][0], keys[0][1], None)
+            else:
+                g, g_ok = _groups(*keys[classes.index(part_class)], rule)
+            tk, tk_ok = t[keep], t_ok[keep]
+            for ci in stream_classes[sid]:
+                k, k_ok = keys[ci]
+                parts.append(pa.table({
+                    "ci": pa.array(np.full(len(tk), ci, np.int32)),
+                    "sid": pa.array(np.full(len(tk), sid, np.int32)),
+                    "t": pa.array(tk, mask=~tk_ok),
+                    "g": pa.array(g, mask=~g_ok),
+                    "key": pa.array(k, mask=~k_ok),
+                }))
+    if not parts:
+        return pa.table({"ci": pa.array([], pa.int32()), "sid": pa.array([], pa.int32()),
+                         "t": pa.array([], pa.int64()), "g": pa.array([], pa.int64()),
+                         "key": pa.array([], pa.int64())})
+    return pa.concat_tables(parts)
