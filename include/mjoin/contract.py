@@ -290,17 +290,42 @@ class Seen:
     """Files accepted so far, per stream, to recognise a file that lands again (``input.no_duplicate_files``):
     the same bytes (only files of equal size are hashed), the same file name unless it matches
     ``positional`` (names the lake reuses every cycle), or the same rows by the footer fingerprint.
-    Files without rows are never duplicates by name or fingerprint (they cannot double-count a join)."""
+    Files without rows are never duplicates by name or fingerprint (they cannot double-count a join).
+
+    Indexed per stream by size, by file name and by fingerprint (each list in the order the files were
+    accepted), so a check looks only at the files that could match: the verdict (which earlier file, which
+    kind) is the one a scan of every remembered file in order gives, in time independent of their number."""
 
     def __init__(self, files=(), positional: str = DEFAULT_POSITIONAL):
-        self.files: list[SeenFile] = [f if isinstance(f, SeenFile) else SeenFile(**f) for f in files]
         self.positional = re.compile(positional)
+        self.files = [f if isinstance(f, SeenFile) else SeenFile(**f) for f in files]
+
+    @property
+    def files(self) -> list[SeenFile]:
+        return self._files
+
+    @files.setter
+    def files(self, files) -> None:
+        self._files: list[SeenFile] = []
+        self._by_size: dict = {}  # (stream, size) -> [SeenFile]
+        self._by_name: dict = {}  # (stream, file name) -> [SeenFile with rows]
+        self._by_fingerprint: dict = {}  # (stream, fingerprint) -> [SeenFile with rows]
+        for f in files:
+            self._remember(f)
+
+    def _remember(self, f: SeenFile) -> None:
+        self._files.append(f)
+        if f.size is not None:
+            self._by_size.setdefault((f.stream, f.size), []).append(f)
+        if f.rows:
+            self._by_name.setdefault((f.stream, _file_name(f.path)), []).append(f)
+            if f.fingerprint:
+                self._by_fingerprint.setdefault((f.stream, f.fingerprint), []).append(f)
 
     def duplicate_of(self, facts: FileFacts, label: str | None = None) -> tuple[str, str] | None:
         """``(label of the earlier file, kind)`` if ``facts`` repeats a remembered file of its stream."""
-        same = [f for f in self.files if f.stream == facts.stream and f.path != facts.path]
         if facts.size is not None:
-            sized = [f for f in same if f.size == facts.size]
+            sized = [f for f in self._by_size.get((facts.stream, facts.size), ()) if f.path != facts.path]
             if sized:
                 try:
                     digest = content_hash(facts.path)
@@ -318,31 +343,36 @@ class Seen:
                         return f.label, SAME_BYTES
         if not facts.rows:
             return None
-        name = facts.path.rstrip("/").rsplit("/", 1)[-1]
+        name = _file_name(facts.path)
         if not self.positional.fullmatch(name):
-            for f in same:
-                if f.rows and f.path.rstrip("/").rsplit("/", 1)[-1] == name:
+            for f in self._by_name.get((facts.stream, name), ()):
+                if f.path != facts.path:
                     return f.label, SAME_NAME
         if facts.fingerprint:
-            for f in same:
-                if f.rows and f.fingerprint == facts.fingerprint:
+            for f in self._by_fingerprint.get((facts.stream, facts.fingerprint), ()):
+                if f.path != facts.path:
                     return f.label, SAME_ROWS
         return None
 
     def add(self, facts: FileFacts, label: str | None = None, ts_max: float | None = None) -> None:
-        self.files.append(SeenFile(path=facts.path, label=label or facts.path, stream=facts.stream, size=facts.size,
-                                   rows=facts.rows, fingerprint=facts.fingerprint,
-                                   ts_max=facts.ts_max if ts_max is None else ts_max))
+        self._remember(SeenFile(path=facts.path, label=label or facts.path, stream=facts.stream, size=facts.size,
+                                rows=facts.rows, fingerprint=facts.fingerprint,
+                                ts_max=facts.ts_max if ts_max is None else ts_max))
 
     def forget_before(self, watermark_seconds: float | None) -> int:
         """Forget files whose every row is below the job's watermark: a duplicate of them now would be
         quarantined as late row by row, so it can no longer double-count a result. Returns how many."""
         if watermark_seconds is None:
             return 0
-        keep = [f for f in self.files if f.ts_max is None or f.ts_max >= watermark_seconds]
-        gone = len(self.files) - len(keep)
-        self.files = keep
+        keep = [f for f in self._files if f.ts_max is None or f.ts_max >= watermark_seconds]
+        gone = len(self._files) - len(keep)
+        if gone:
+            self.files = keep
         return gone
 
     def to_json(self) -> list:
-        return [asdict(f) for f in self.files]
+        return [asdict(f) for f in self._files]
+
+
+def _file_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
