@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mjoin import contract
+from mjoin.engine import source
 from mjoin.lake import Lake
 
 
@@ -33,7 +34,12 @@ def test_landed_lists_what_stream_and_punctuation_files_list(tmp_path):
     assert [p for _, p, kind in got if kind == "data"] == lake.stream_files("s")
     assert [(a, p) for a, p, kind in got if kind == "punctuation"] == lake.punctuation_files("s")
     assert [a for a, _, kind in got if kind == "data"] == [10, 10, 20, 20, 30, 30]
-    assert lake.landed("missing") == []
+    assert lake.stream_files("s", 15, 30) == [p for a, p, kind in got if kind == "data" and a == 20]
+    assert lake.landed("missing") == [] and lake.stream_files("missing") == []
+    # the streaming job's file log takes the same files, kinds and arrivals (one rule: Lake.landed_kind)
+    flog = source.FileLog(str(tmp_path / "log"))
+    found = source.discover(lake, ["s"], flog, recheck_seconds=600)
+    assert sorted((e.arrival, e.path, e.kind) for e in found) == sorted(got)
 
 
 def test_footer_read_once_gives_the_same_facts(tmp_path):

@@ -67,22 +67,19 @@ class Lake:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def stream_files(self, source: str, arrival_from: float | None = None, arrival_to: float | None = None) -> list[str]:
-        """Parquet files landed for ``source`` with arrival cycle in ``[arrival_from, arrival_to)``."""
-        files = []
-        for a in self.arrivals(source):
-            if (arrival_from is None or a >= arrival_from) and (arrival_to is None or a < arrival_to):
-                d = self.arrival_dir(source, a)
-                files += [fsutil.join(d, n) for n in fsutil.listdir(d) if n.endswith(".parquet")]
-        return files
+    @staticmethod
+    def landed_kind(name: str) -> str | None:
+        """What a file of an arrival folder is to the engine: ``data`` (Parquet), ``punctuation``
+        (:mod:`mjoin.punctuation`), or None (not landed input: ignored)."""
+        from .punctuation import FILE
+
+        return "data" if name.endswith(".parquet") else "punctuation" if FILE.match(name) else None
 
     def landed(self, source: str) -> list[tuple[int, str, str]]:
-        """``[(arrival epoch, path, kind)]`` of what :meth:`stream_files` (kind ``data``) and
-        :meth:`punctuation_files` (kind ``punctuation``) list, by arrival then name, from one recursive
-        listing of the source (not one per arrival folder)."""
+        """``[(arrival epoch, path, kind)]`` of every landed file of ``source`` (:meth:`landed_kind`), by arrival
+        then name, from one recursive listing of the source (not one per arrival folder): the one selection
+        :meth:`stream_files` and :meth:`punctuation_files` are made of."""
         from pyarrow import fs as pafs
-
-        from .punctuation import FILE
 
         fs, root = fsutil.resolve(self.streams(source))
         root = root.rstrip("/") + "/"
@@ -92,22 +89,21 @@ class Lake:
             m = ARRIVAL.match(parts[0]) if len(parts) == 2 else None
             if m is None or parts[0] != f"arrival={int(m.group(1))}":
                 continue
-            kind = "data" if parts[1].endswith(".parquet") else "punctuation" if FILE.match(parts[1]) else None
+            kind = self.landed_kind(parts[1])
             if kind:
                 out.append((int(m.group(1)), parts[1], kind))
         out.sort()
         base = self.streams(source).rstrip("/")  # (joined as strings: pathlib per file cost ~0.1 s at 720)
         return [(a, f"{base}/arrival={a}/{name}", kind) for a, name, kind in out]
 
+    def stream_files(self, source: str, arrival_from: float | None = None, arrival_to: float | None = None) -> list[str]:
+        """Parquet files landed for ``source`` with arrival cycle in ``[arrival_from, arrival_to)``."""
+        return [p for a, p, kind in self.landed(source) if kind == "data"
+                and (arrival_from is None or a >= arrival_from) and (arrival_to is None or a < arrival_to)]
+
     def punctuation_files(self, source: str) -> list[tuple[int, str]]:
         """``[(arrival epoch, path)]`` of the punctuation files landed for ``source`` (mjoin.punctuation)."""
-        from .punctuation import FILE
-
-        out = []
-        for a in self.arrivals(source):
-            d = self.arrival_dir(source, a)
-            out += [(a, fsutil.join(d, n)) for n in fsutil.listdir(d) if FILE.match(n)]
-        return out
+        return [(a, p) for a, p, kind in self.landed(source) if kind == "punctuation"]
 
     # ---- per query, per namespace -------------------------------------------------
     def quarantine(self, query: str, stream: str | None = None) -> str:

@@ -41,7 +41,6 @@ import re
 from dataclasses import dataclass
 
 from .. import fsutil
-from ..punctuation import FILE as PUNCTUATION
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,7 @@ def discover(lake, sources: list[str], flog: FileLog, recheck_seconds: float) ->
                 fname = os.path.basename(info.path)
                 if info.type != pafs.FileType.File or fname in listed or fname.startswith((".", "_")):
                     continue
-                kind = "data" if fname.endswith(".parquet") else "punctuation" if PUNCTUATION.match(fname) else None
+                kind = lake.landed_kind(fname)
                 if kind is None:
                     continue
                 path = fsutil.join(root, name, fname)
