@@ -28,9 +28,10 @@ def frame_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
 
 
 def spark_frame_schema(eq: EngineQuery):
-    from pyspark.sql.types import _parse_datatype_string, StructField, StructType
+    """The frame as a Spark StructType, from one DDL string (one JVM parse, not one per column)."""
+    from pyspark.sql.types import _parse_datatype_string
 
-    return StructType([StructField(n, _parse_datatype_string(t), True) for n, t in frame_ddl(eq)])
+    return _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in frame_ddl(eq)))
 
 
 def _arrow_type(sql: str) -> pa.DataType:
