@@ -74,39 +74,3 @@ def test_read_files_reads_exactly_the_given_files(spark, tmp_path):
     with pytest.raises(Exception, match="PATH_NOT_FOUND|does not exist"):
         read_files(spark, "k bigint, ts bigint", paths).collect()
 
-
-@pytest.mark.spark
-def test_streams_normalised_in_one_statement(spark, tmp_path):
-    """Every schema group's projection in one SQL statement (missing columns typed NULLs, rejected rows with
-    their file), the same rows as the groups' projections one by one, and no temporary view left behind."""
-    from functools import reduce
-
-    from engine_helpers import synth_query, write_stream_file
-    from mjoin.engine.compiled import EngineQuery
-    from mjoin.engine.normalize import inspect_files, normalize_group, normalize_streams
-
-    q = synth_query()
-    eq = EngineQuery.from_query(q)
-    lake = Lake(str(tmp_path))
-    narrow = write_stream_file(lake, "sc", 0, pa.table({"e": pa.array([1, 2], pa.int64()), "kc": pa.array([1, None], pa.int32()),
-                                                        "idc": pa.array([1, 2], pa.int32())}))
-    wide = write_stream_file(lake, "sc", 1, pa.table({"e": pa.array([3], pa.int64()), "kc": pa.array([7], pa.int64()),
-                                                      "idc": pa.array([3], pa.int64())}))
-    b = write_stream_file(lake, "sb", 0, pa.table({"ts": pa.array([1, 2], pa.timestamp("ms")), "kb": [1, 2], "idb": [1, 2],
-                                                   "vb": [0.5, 1.5]}))
-    inspected = inspect_files(q, eq, {"b": [b], "c": [narrow, wide]})
-    assert len(inspected.groups) == 3 and not inspected.rejects
-    views = {t.name for t in spark.catalog.listTables()}
-    got = normalize_streams(spark, q, eq, inspected, late_before=0)
-    assert {t.name for t in spark.catalog.listTables()} == views
-    one_by_one = [src.selectExpr(*[f"{sql} AS `{name}`" for name, sql in cols.items()]) for src, cols in
-                  (normalize_group(spark, q, eq, name, schema, paths, 0)
-                   for (name, _), (schema, paths) in inspected.groups.items())]
-    want = reduce(lambda x, y: x.unionByName(y, allowMissingColumns=True), one_by_one)
-    assert sorted(got.columns) == sorted(want.columns)
-    rows = got.select(*sorted(got.columns)).collect()
-    assert sorted(map(str, rows)) == sorted(map(str, want.select(*sorted(got.columns)).collect())) and len(rows) == 5
-    bad = [r for r in rows if r["_reason"] is not None]
-    assert [(r["_reason"], r["_file"].endswith(narrow)) for r in bad] == [("null_key", True)]
-    batched = normalize_streams(spark, q, eq, inspected, batch="CASE WHEN _s = 2 THEN 1 END")
-    assert tuple(batched.selectExpr("count(*)", "count_if(_batch = 1)").first()) == (3, 3)  # no batch: left out

@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None)
     ap.add_argument("--driver-only", action="store_true",
                     help="time only the driver's part (read_interval, route_interval; no Spark job): under a minute")
+    ap.add_argument("--tag", default="", help="added to the result file's name (input-ab[-driver]-<tag>-sf<sf>.json)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     work = args.work or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-ab-{os.getpid()}")
@@ -157,10 +158,10 @@ def main(argv=None) -> int:
         for t, runs in doc["runs"].items():
             for d in args.densities:
                 doc["summary"][t][d]["py4j_calls"] = statistics.median(r["py4j_calls"] for r in runs if r["density"] == d)
-    doc["parameters"] = {"rounds_per_process": args.rounds, "blocks": args.blocks, "densities": args.densities,
+    doc["parameters"] = {"rounds_per_process": args.rounds, "tag": args.tag, "blocks": args.blocks, "densities": args.densities,
                          "driver_only": args.driver_only,
                          "local": "local[2]", "buckets": 16, "cycle_seconds": B.CYCLE}
-    path = HERE / "results" / f"input-ab{'-driver' if args.driver_only else ''}-sf{args.sf:g}.json"
+    path = HERE / "results" / f"input-ab{'-driver' if args.driver_only else ''}{'-' + args.tag if args.tag else ''}-sf{args.sf:g}.json"
     path.write_text(json.dumps(doc, indent=1, default=str))
     print(json.dumps(doc["summary"], indent=1))
     print(f"wrote {path}")

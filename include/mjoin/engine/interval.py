@@ -123,6 +123,8 @@ class IntervalInput:
 def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> IntervalInput:
     """The landed files of the query's streams judged by the contract (rejected files go to
     ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches."""
+    from pyspark.sql import functions as F
+
     t0 = time.perf_counter()
     start_us, end_us = to_micros(start), to_micros(end)
     cycle_us = int(round(float(cycle) * MICROS))
@@ -135,7 +137,10 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
             landed[s.source] = in_lake.landed(s.source)
     files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
     inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
-    frame = normalize_streams(spark, query, eq, inspected, batch=_batch_expr(eq, start_us, end_us, cycle_us))
+    frame = normalize_streams(spark, query, eq, inspected)
+    if frame is not None:
+        frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
+            .where(F.col("_batch").isNotNull())
     punct = _interval_punctuations(query, landed, inspected.ts_max, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, time.perf_counter() - t0,

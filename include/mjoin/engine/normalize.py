@@ -235,31 +235,26 @@ def _event_micros(stream, schema: pa.Schema, src) -> str:
     return f"unix_micros(try_cast({e} AS TIMESTAMP))"
 
 
-#: the file a row was read from, as a column of a group's read (for the quarantine of rejected rows)
-FILE_COLUMN = "_mjoin_file_path"
-
-
 def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.Schema, paths: list,
-                    late_before: int | None = None) -> tuple:
-    """``(read, columns)`` of one group of same-schema files: the lazy read of its files, and its frame rows
-    with ``_reason`` and the raw rows for the quarantine as SQL over that read (``columns``: name -> SQL
-    expression, in order; :func:`normalize_streams` makes one statement of every group's)."""
+                    late_before: int | None = None):
+    """(frame rows with ``_reason``, raw rows for the quarantine) of one group of same-schema files: one
+    SQL projection over one read (built as text and handed to Spark in one call: per-column ``F.expr``
+    objects cost a py4j round trip each, ~0.3 s of a run's driver time)."""
     stream = query.stream(stream_name)
     src = read_files(spark, read_schema(schema, list(stream.columns)), paths)
     ts_sql = _event_micros(stream, schema, src)
-    src = src.selectExpr("*", f"_metadata.file_path AS {FILE_COLUMN}")  # (a view does not pass _metadata on)
-    cols = {"_kind": "CAST(1 AS TINYINT)", "_s": f"CAST({eq.index(stream_name)} AS INT)", "_ts": ts_sql}
+    cols = ["CAST(1 AS TINYINT) AS _kind", f"CAST({eq.index(stream_name)} AS INT) AS _s", f"{ts_sql} AS _ts"]
     null_key, bad_type = [], []
     for c in eq.stream_classes[stream_name]:
         col = eq.key_columns[(stream_name, c)]
         expr = (_as_long_key(col, _kind(schema.field(col).type)) if not eq.is_band(c) else
                 f"try_cast({_q(col)} * {10 ** eq.band_scale[c]} AS BIGINT)")  # a band value in integer units
-        cols[key_name(c)] = expr
+        cols.append(f"{expr} AS {_q(key_name(c))}")
         null_key.append(f"{_q(col)} IS NULL")
         bad_type.append(f"({_q(col)} IS NOT NULL AND {expr} IS NULL)")
     for col, spec_type in eq.payload[stream_name]:
         expr = _as_type(col, _kind(schema.field(col).type), spec_type)
-        cols[payload_name(stream_name, col)] = expr
+        cols.append(f"{expr} AS {_q(payload_name(stream_name, col))}")
         bad_type.append(f"({_q(col)} IS NOT NULL AND {expr} IS NULL)")
     reason = (f"CASE WHEN {' OR '.join(null_key)} THEN 'null_key' WHEN {' OR '.join(bad_type)} THEN 'bad_type' "
               f"WHEN ({ts_sql}) IS NULL THEN 'bad_time' ")
@@ -268,44 +263,18 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
     reason += "END"
     raw = "to_json(named_struct(" + ", ".join(f"{_str(c)}, CAST({_q(c)} AS STRING)" for c in stream.columns) + "))"
     bad = f"({reason}) IS NOT NULL"
-    cols.update({"_reason": reason, "_file": f"CASE WHEN {bad} THEN {FILE_COLUMN} END",
-                 "_raw": f"CASE WHEN {bad} THEN {raw} END"})
-    return src, cols
+    return src.selectExpr(*cols, f"{reason} AS _reason", f"CASE WHEN {bad} THEN _metadata.file_path END AS _file",
+                          f"CASE WHEN {bad} THEN {raw} END AS _raw")
 
 
-def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None,
-                      batch: str | None = None):
+def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None):
     """Frame rows of every accepted file, with ``_reason`` (null: valid) and, for rejected rows,
-    ``_file`` and ``_raw`` (the row as JSON) for the quarantine; None when there is no file. ``batch``: SQL
-    of a column ``_batch`` over those columns (rows where it is NULL are left out).
-
-    One SQL statement over the groups' reads (a ``UNION ALL`` of their projections, a group's missing
-    columns as typed NULLs): Spark parses and analyses the plan once, not once per group, union and column
-    (each DataFrame call re-analyses the plan so far: ~50 ms each on 2 busy cores)."""
-    import uuid
-
-    from .frame import frame_ddl
-
-    groups = [normalize_group(spark, query, eq, name, schema, paths, late_before) for (name, _sig), (schema, paths)
-              in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0]))]
-    if not groups:
-        return None
-    names = list(dict.fromkeys(n for _, cols in groups for n in cols))  # as unionByName orders them
-    types = dict(frame_ddl(eq))
-    views = [f"mjoin_norm_{uuid.uuid4().hex}" for _ in groups]
-    branches = []
-    for view, (src, cols) in zip(views, groups):
-        src.createOrReplaceTempView(view)
-        branches.append("SELECT " + ", ".join(f"{cols[n]} AS {_q(n)}" if n in cols else f"CAST(NULL AS {types[n]}) AS {_q(n)}"
-                                              for n in names) + f" FROM {view}")
-    sql = "\nUNION ALL\n".join(branches)
-    if batch is not None:
-        sql = f"SELECT *, {batch} AS _batch FROM ({sql}) WHERE ({batch}) IS NOT NULL"
-    try:
-        return spark.sql(sql)
-    finally:
-        for view in views:  # the statement's plan holds the reads: the names are no longer needed
-            spark.catalog.dropTempView(view)
+    ``_file`` and ``_raw`` (the row as JSON) for the quarantine; None when there is no file."""
+    frame = None
+    for (name, _sig), (schema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
+        norm = normalize_group(spark, query, eq, name, schema, paths, late_before)
+        frame = norm if frame is None else frame.unionByName(norm, allowMissingColumns=True)
+    return frame
 
 
 #: quarantined rows up to this count are collected and written by the driver (one small Spark
