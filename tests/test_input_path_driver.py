@@ -75,27 +75,3 @@ def test_read_files_reads_exactly_the_given_files(spark, tmp_path):
         read_files(spark, "k bigint, ts bigint", paths).collect()
 
 
-
-@pytest.mark.parametrize("store_schema", [True, False])
-def test_footer_schema_is_the_parquet_files(tmp_path, store_schema):
-    """The contract reads the footer alone (read_metadata): the Arrow schema is the one a ParquetFile gives,
-    for every kind of column the contract judges (narrow and unsigned integers, nanosecond and zoned
-    timestamps, dates, dictionary, large and view strings, decimals, lists)."""
-    import datetime
-    import decimal
-
-    from mjoin.query import parse_query
-
-    t = pa.table({"i8": pa.array([1, 2], pa.int8()), "u32": pa.array([1, 2], pa.uint32()),
-                  "ns": pa.array([1, 2], pa.timestamp("ns", tz="Europe/Berlin")), "ms": pa.array([1, 2], pa.timestamp("ms")),
-                  "d": pa.array([datetime.date(2020, 1, 1)] * 2), "dict": pa.array(["x", "y"]).dictionary_encode(),
-                  "ls": pa.array(["x", "y"], pa.large_string()), "sv": pa.array(["x", "y"], pa.string_view()),
-                  "dec": pa.array([decimal.Decimal("1.23")] * 2, pa.decimal128(10, 2)), "lst": pa.array([[1], [2]])})
-    path = tmp_path / "f.parquet"
-    pq.write_table(t, path, store_schema=store_schema)
-    stream = {"event_time": "ms", "window": "1m", "columns": {"ms": "timestamp", "i8": "long"}, "keys": ["i8"]}
-    q = parse_query({"spec_version": 1, "name": "q", "streams": [dict(stream, name=n, source=n) for n in "ab"],
-                     "predicates": ["a.i8 = b.i8"], "output": ["a.i8"]})
-    facts = contract.inspect(str(path), q.stream("a"))
-    assert facts.problem() is None and facts.rows == 2
-    assert facts.schema.equals(pq.ParquetFile(path).schema_arrow, check_metadata=True)
