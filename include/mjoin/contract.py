@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -34,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import fsutil
+from .pools import shared_pool
 
 #: rule -> quarantine reason (what the engine's metrics count, per stream and batch)
 RULES = {
@@ -254,8 +254,7 @@ def inspect_all(items, threads: int | None = None) -> list[FileFacts]:
         threads = 8 if any(fsutil.is_url(it[0]) for it in items) else 1
     if len(items) <= 2 or threads <= 1:
         return [inspect(*it) for it in items]
-    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
-        return list(pool.map(lambda it: inspect(*it), items))
+    return list(shared_pool("footers", threads).map(lambda it: inspect(*it), items))
 
 
 def content_hash(path: str, chunk: int = 1 << 20) -> str:

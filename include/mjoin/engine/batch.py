@@ -33,7 +33,6 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -41,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import fsutil
+from ..pools import shared_pool
 from ..timeutil import iso
 from .compiled import CompiledPlan, EngineQuery, key_name
 from .config import EngineConfig, EngineError
@@ -270,8 +270,7 @@ def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
         return _run_partition(fn, table, 0)
     part = np.mod(np.asarray(table.column("_b").fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), threads)
     parts = [table.filter(pa.array(part == i)) for i in range(threads)]
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mjoin-driver-task") as pool:
-        docs = list(pool.map(lambda i: _run_partition(fn, parts[i], i), range(threads)))
+    docs = list(shared_pool("driver-task", threads).map(lambda i: _run_partition(fn, parts[i], i), range(threads)))
     return [d for part_docs in docs for d in part_docs]
 
 
