@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import fsutil
-from ..partition import sql_group_expr
+from ..partition import group_of, sql_group_expr
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +337,7 @@ def driver_read_problem(spark, query) -> str | None:
     for s in query.streams:
         if s.event_time.expr is not None or s.event_time.format is not None:
             return f"stream {s.name}: event time from a Spark SQL expression or pattern"
-        if stream_type_family(s.columns.get(s.event_time.column, "")) not in ("timestamp", "date", "integral",
-                                                                            "fractional"):
+        if _spec_family(s.columns.get(s.event_time.column, "")) not in ("timestamp", "date", "integral", "fractional"):
             return f"stream {s.name}: event time of type {s.columns.get(s.event_time.column)}"
     try:
         tz = spark.conf.get("spark.sql.session.timeZone")
@@ -347,10 +346,6 @@ def driver_read_problem(spark, query) -> str | None:
     if tz not in ("UTC", "Etc/UTC", "Z", "+00:00", "GMT"):
         return f"session time zone {tz} (not UTC)"
     return None
-
-
-def stream_type_family(spec_type: str) -> str:
-    return _spec_family(spec_type)
 
 
 def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -378,22 +373,11 @@ def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _groups(key: np.ndarray, key_ok: np.ndarray, rule: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """The key group of each row (``partition.sql_group_expr``); NULL where the key is NULL."""
+    """The key group of each row (:func:`mjoin.partition.group_of`, as ``partition.sql_group_expr``); NULL
+    where the key is NULL (no rule: every row in group 0)."""
     if not rule:
         return np.zeros(len(key), dtype=np.int64), np.ones(len(key), dtype=bool)
-    method = rule["method"]
-    if method == "hash":
-        g = np.mod(key, int(rule["groups"]))  # numpy's mod takes the divisor's sign: pmod
-    elif method == "range":
-        bounds = np.asarray([int(b) for b in rule["bounds"]], dtype=np.int64)
-        g = np.searchsorted(bounds, key, side="right").astype(np.int64) if len(bounds) else np.zeros(len(key),
-                                                                                                      np.int64)
-    elif method == "table":
-        assignment = np.asarray([int(a) for a in rule["assignment"]], dtype=np.int64)
-        g = assignment[np.mod(key, int(rule["modulus"]))]
-    else:
-        raise ValueError(f"unknown partitioning method {method!r} (hash, range, table)")
-    return np.where(key_ok, g, 0), key_ok
+    return np.where(key_ok, group_of(key, rule), 0), key_ok
 
 
 class DriverReadUnsupported(ValueError):
