@@ -164,6 +164,16 @@ def test_keyed_rows_index_and_expand():
     assert len(rows.purge(2)) == 2 and rows.purge(0) is rows
 
 
+def _persist(root: str, version: int, prev, update):
+    """One state update made durable as a task does it: a StateWriter of one piece, flushed."""
+    from mjoin.engine import state as st
+
+    writer = st.StateWriter(root, version, "test", 1 << 30)
+    entry = writer.persist(prev, update)
+    writer.flush()
+    return entry
+
+
 def test_state_log_appends_deltas_compacts_and_reads_back(tmp_path):
     """Durable state: each version appends the new rows or compacts; a cold reader (no cache), a
     reader holding the previous version, and the writer all see exactly the live rows."""
@@ -184,7 +194,7 @@ def test_state_log_appends_deltas_compacts_and_reads_back(tmp_path):
         new = full.purge(threshold)
         update = StateUpdate(new, delta, threshold, changed=new is not live)
         prev_entry, prev_live = entry, live
-        entry = st.persist_state(root, version, "c0", "s", 0, entry, update, 1 << 30) if update.changed else entry
+        entry = _persist(root, version, entry, update) if update.changed else entry
         live = new
         if entry is None:
             continue
@@ -220,11 +230,9 @@ def test_state_cache_keeps_the_pre_batch_state_when_a_purge_keeps_the_files(tmp_
     st.clear_cache()
     rows = KeyedRows(pa.table({"_ts": pa.array([10, 20, 30], pa.int64()), "_k_c0": pa.array([1, 2, 3], pa.int64())}),
                      "_k_c0")
-    entry = st.persist_state(root, 0, "c0", "s", 0, None, StateUpdate(rows, rows, None, True), 1 << 30)
+    entry = _persist(root, 0, None, StateUpdate(rows, rows, None, True))
     purged = rows.purge(20)
-    after = st.persist_state(root, 1, "c0", "s", 0, entry, StateUpdate(purged, KeyedRows.empty(rows.table.schema,
-                                                                                                "_k_c0"), 20, True),
-                             1 << 30)
+    after = _persist(root, 1, entry, StateUpdate(purged, KeyedRows.empty(rows.table.schema, "_k_c0"), 20, True))
     assert after["files"] == entry["files"] and after["after"] == 20
     got, source = st.load_state(root, entry, "_k_c0", 1 << 30)
     assert source == "cache" and got.ts.tolist() == [10, 20, 30]

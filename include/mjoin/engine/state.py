@@ -304,11 +304,3 @@ class StateWriter:
             _cache_put((self.root, tuple(entry["files"]), entry["after"]), rows, self.budget)
         self.pending = []
 
-
-def persist_state(root: str, version: int, attr_class: str, stream: str, bucket: int, prev: dict | None,
-                  update, budget_bytes: int) -> dict | None:
-    """Make one ``update`` durable at once (a :class:`StateWriter` of one piece); returns the new entry."""
-    writer = StateWriter(root, version, f"{attr_class}-{stream}-b{bucket:05d}", budget_bytes)
-    entry = writer.persist(prev, update)
-    writer.flush()
-    return entry
