@@ -29,6 +29,7 @@ $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m mjoin.sparkzip  # bytecode in the pyspark.zip Spark's Python workers import (include/mjoin/sparkzip.py)
 	@$(PY) -c "import pyspark, airflow, mjoin; print('mjoin env ready: pyspark', pyspark.__version__, 'airflow', airflow.__version__)"
 	@touch $(STAMP)
 

@@ -12,9 +12,12 @@ Public API (see docs/engine.md)::
     EngineConfig
 """
 from .config import EngineConfig, EngineError
-from .interval import RunSummary
-from .metrics import read_metrics
-from .results import committed_batches, read_results, result_fingerprint
+
+#: name -> module of the public API imported on first use (PEP 562), so that importing a light submodule
+#: (``engine.source``, which Spark's Python source runner unpickles at every streaming query's start) does not
+#: import pandas and the whole engine: that cost the start of every streaming run ~0.4 s (bench/streaming)
+_LAZY = {"RunSummary": "interval", "StreamSummary": "stream", "read_metrics": "metrics",
+         "committed_batches": "results", "read_results": "results", "result_fingerprint": "results"}
 
 #: the engines a run can use: mjoin's own, and Spark's chained stream-stream joins as the baseline
 #: (mjoin.engine.native depends on the core, never the other way round)
@@ -55,11 +58,11 @@ def run_stream(spark, query, lake, *, engine: str = "mjoin", **kwargs):
 
 
 def __getattr__(name):
-    if name == "StreamSummary":
-        from .stream import StreamSummary
+    if name in _LAZY:
+        import importlib
 
-        return StreamSummary
-    raise AttributeError(name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["EngineConfig", "EngineError", "RunSummary", "StreamSummary", "run_interval", "run_stream",
