@@ -30,6 +30,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(PY) -m mjoin.sparkzip  # bytecode in the pyspark.zip Spark's Python workers import (include/mjoin/sparkzip.py)
+	$(PY) -m mjoin.jvm  # mjoin's checkpoint file manager, when a JDK is present (include/mjoin/jvm/)
 	@$(PY) -c "import pyspark, airflow, mjoin; print('mjoin env ready: pyspark', pyspark.__version__, 'airflow', airflow.__version__)"
 	@touch $(STAMP)
 

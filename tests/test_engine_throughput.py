@@ -1,6 +1,7 @@
 """The throughput work's shortcuts keep behaviour: the quarantine's row JSON built column by column equals
 the per-row formula, result fingerprints do not depend on how rows are split into files, the streaming job's
-checkpoint file manager is chosen for local lakes only and restored after the run."""
+checkpoint file manager is chosen for local lakes only and restored after the run, and mjoin's own manager
+(mjoin.jvm) writes the logs as Spark's does, atomically, without checksum files."""
 from __future__ import annotations
 
 import datetime
@@ -86,9 +87,54 @@ def test_checkpoint_manager_for_local_lakes_only(spark, tmp_path):
     from mjoin.engine.stream import CHECKPOINT_MANAGER_KEY, checkpoint_manager
     from mjoin.lake import Lake
 
+    from mjoin.jvm import CHECKPOINT_MANAGER, jar_path
+
     name = checkpoint_manager(spark, Lake(str(tmp_path)))
-    assert name is not None and name.endswith("FileSystemBasedCheckpointFileManager")
+    # mjoin's own when make setup built its jar (the session then has it on the class path), else Spark's
+    assert name == CHECKPOINT_MANAGER if jar_path() else name.endswith("FileSystemBasedCheckpointFileManager")
     spark._jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(name)
     assert checkpoint_manager(spark, Lake(f"file://{tmp_path}")) == name
     assert checkpoint_manager(spark, Lake("s3a://bucket/lake")) is None
     assert spark.conf.get(CHECKPOINT_MANAGER_KEY, None) is None  # nothing set by asking
+
+
+@pytest.mark.spark
+def test_local_checkpoint_file_manager_writes_atomically(spark, tmp_path):
+    """mjoin.spark.LocalCheckpointFileManager through py4j, as Spark's logs call it: createAtomic, write,
+    close renames into place (no temporary or .crc file left); refusing to overwrite; cancel."""
+    from mjoin.jvm import CHECKPOINT_MANAGER, _javac, jar_path
+
+    if jar_path() is None:
+        assert _javac() is None, "a JDK is installed but mjoin's jar is not built: run python -m mjoin.jvm"
+        pytest.skip("no JDK here: mjoin's checkpoint file manager is not built (Spark's is used)")
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    root = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/ckpt")
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    cls = loader.loadClass(CHECKPOINT_MANAGER)
+    assert cls.getName() == CHECKPOINT_MANAGER
+    fm = jvm.mjoin.spark.LocalCheckpointFileManager(root, conf)
+    fm.mkdirs(root)
+    target = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/ckpt/offsets/0")
+    out = fm.createAtomic(target, False)
+    out.write(bytearray(b"v1\n{}\n"))
+    assert not (tmp_path / "ckpt" / "offsets" / "0").exists()  # invisible until closed
+    out.close()
+    assert (tmp_path / "ckpt" / "offsets" / "0").read_bytes() == b"v1\n{}\n"
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "offsets").iterdir()) == ["0"]  # no temp, no .crc
+    assert fm.exists(target)
+    again = fm.createAtomic(target, False)
+    again.write(bytearray(b"other"))
+    with pytest.raises(Exception, match="FileAlreadyExists|already exists"):
+        again.close()
+    assert (tmp_path / "ckpt" / "offsets" / "0").read_bytes() == b"v1\n{}\n"
+    cancelled = fm.createAtomic(jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/ckpt/commits/0"), False)
+    cancelled.write(bytearray(b"x"))
+    cancelled.cancel()
+    assert not (tmp_path / "ckpt" / "commits" / "0").exists()
+    # no checksum files; the refused overwrite leaves its temporary file, as Spark's own manager does
+    assert not [p for p in (tmp_path / "ckpt").rglob("*") if p.name.endswith(".crc")]
+    assert not list((tmp_path / "ckpt" / "commits").iterdir())
+    stream = fm.open(target)
+    assert bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == b"v1\n{}\n"
+    stream.close()

@@ -47,6 +47,10 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
     settings["spark.ui.enabled"] = os.environ.get("MJOIN_SPARK_UI", "false")
     settings.update(resources.spark_conf)
     settings.update(conf or {})
+    jar = _jvm_jar()
+    if jar and jar not in settings.get("spark.driver.extraClassPath", ""):  # mjoin's JVM class (mjoin.jvm)
+        settings["spark.driver.extraClassPath"] = os.pathsep.join(
+            p for p in (settings.get("spark.driver.extraClassPath"), jar) if p)
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -59,6 +63,13 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
                 pass
     spark.sparkContext.setLogLevel(os.environ.get("MJOIN_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def _jvm_jar() -> str | None:
+    """mjoin's built JVM class (:mod:`mjoin.jvm`), when ``make setup`` could build it."""
+    from .jvm import jar_path
+
+    return jar_path()
 
 
 def is_remote(spark) -> bool:

@@ -75,8 +75,10 @@ class StreamSummary:
                 f"  results: {self.results_path}\n  metrics: {self.metrics_path}")
 
 
-#: Spark's checkpoint logs through Hadoop's ``FileSystem`` API (Spark 4 name, then Spark 3's), on a local lake
+#: Spark's checkpoint logs on a local lake: mjoin's manager (no fork per log write; :mod:`mjoin.jvm`, on the
+#: class path when built), else through Hadoop's ``FileSystem`` API (Spark 4 name, then Spark 3's)
 FS_CHECKPOINT_MANAGERS = (
+    "mjoin.spark.LocalCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager")
 CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
@@ -87,10 +89,13 @@ def checkpoint_manager(spark, lake) -> str | None:
     API (write a temporary file, rename), not Spark's default ``FileContext`` one, whose local
     implementation without Hadoop's native library forks ``readlink`` (and ``chmod``) for every rename of
     the offset and commit logs: that cost 75-80 ms of each of ``walCommit`` and ``commitOffsets`` per
-    micro-batch here, 15-20 ms with this one (bench/streaming). A rename on a local filesystem is atomic
-    either way, and one job per query holds the claim (engine.control), so nobody races the log. A
-    ``file://`` URL is the same local filesystem through Hadoop's URL path. None: leave Spark's choice (a
-    remote URL lake: HDFS, S3A, ..., or a Spark without the class)."""
+    micro-batch here, 15-20 ms with the ``FileSystem`` one. Even that one forks ``chmod`` for each
+    temporary file and its checksum file (~8 ms each); mjoin's own manager (:mod:`mjoin.jvm`, when its jar
+    was built and is on the driver's class path) writes the temporary file without it and is preferred.
+    A rename on a local filesystem is atomic either way, and one job per query holds the claim
+    (engine.control), so nobody races the log. A ``file://`` URL is the same local filesystem through
+    Hadoop's URL path. None: leave Spark's choice (a remote URL lake: HDFS, S3A, ..., or a Spark without
+    the classes)."""
     if fsutil.is_url(lake.root) and not str(lake.root).startswith("file:"):
         return None
     try:
