@@ -16,7 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_env
+from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
@@ -89,7 +89,7 @@ def mjoin_evaluate():
     args = arguments()
     run = SparkSubmitOperator(task_id="evaluate", application=str(JOBS / "evaluate.py"), application_args=args,
                               conn_id="spark_default", name="mjoin-evaluate", env_vars=spark_env(),
-                              conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+                              conf=spark_conf())
     args >> run >> show_comparison()
 
 

@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, query_choices, spark_env
+from mjoin.dag_params import DEFAULT_QUERY, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 
@@ -73,7 +73,7 @@ def mjoin_join_job():
     c = control()
     run = SparkSubmitOperator(task_id="run_join_job", application=str(JOBS / "join.py"), application_args=c["args"],
                               conn_id="spark_default", name="mjoin-join-stream", env_vars=spark_env(),
-                              conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+                              conf=spark_conf())
     should_start(c["start"]) >> run
 
 

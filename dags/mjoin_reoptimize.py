@@ -33,10 +33,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_env, spark_remote
+from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
-SPARK_CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+SPARK_CONF = spark_conf()
 SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was started
 #: MJOIN_SPARK_REMOTE set: collect_statistics connects to that warm Spark Connect server instead of a
 #: fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit

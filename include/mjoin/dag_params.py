@@ -94,6 +94,18 @@ def spark_env() -> dict:
     return {"PATH": os.pathsep.join([bin_dir, *rest]), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
 
 
+def spark_conf() -> dict:
+    """``conf`` of every SparkSubmitOperator: the machine-sized shuffle, no UI, and mjoin's JVM class on the
+    driver's class path when ``make setup`` built it (:mod:`mjoin.jvm`: the streaming join's checkpoint
+    logs without a process fork per write)."""
+    from .jvm import jar_path
+
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+    if jar_path():
+        conf["spark.driver.extraClassPath"] = jar_path()
+    return conf
+
+
 def spark_remote() -> str:
     """``MJOIN_SPARK_REMOTE`` (a Spark Connect URL) or ""; set, the DAGs run the statistics step in
     that server's warm session instead of a fresh spark-submit (mjoin.resources)."""
