@@ -264,6 +264,7 @@ def _stream_sources_join(spark, query, lake):
     """The baseline's join over the landed files of ``lake`` (streaming sources with the spec's schema)."""
     from pyspark.sql import functions as F
 
+    from ..eventtime import event_time_sql, spark_kind
     from .normalize import sql_type
 
     eq = EngineQuery.from_query(query)
@@ -273,15 +274,8 @@ def _stream_sources_join(spark, query, lake):
         fsutil.makedirs(lake.streams(s.source))
         raw = (spark.readStream.schema(ddl).option("recursiveFileLookup", "true")
                .option("pathGlobFilter", "*.parquet").parquet(lake.streams(s.source)))
-        et = s.event_time
-        if et.expr:
-            ts = f"unix_micros(CAST(({et.expr}) AS TIMESTAMP))"
-        elif et.format:
-            ts = f"unix_micros(try_to_timestamp(`{et.column}`, '{et.format}'))"
-        elif s.columns[et.column] in ("long", "int", "short", "double", "float"):
-            ts = f"CAST(round(`{et.column}` * 1000000) AS BIGINT)"
-        else:
-            ts = f"unix_micros(CAST(`{et.column}` AS TIMESTAMP))"
+        et = s.event_time  # the engine's rule, for the column's type as this read declares it (the spec's)
+        ts = event_time_sql(et, None if et.expr else spark_kind(sql_type(s.columns[et.column])), raw)
         cols = [F.expr(ts).alias(f"{s.name}___ts")]
         cols += [F.expr(f"try_cast(`{eq.key_columns[(s.name, c)]}` AS BIGINT)").alias(f"{s.name}__{key_name(c)}")
                  for c in eq.stream_classes[s.name]]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from .. import contract, fsutil
+from .. import contract, eventtime, fsutil
 from .compiled import EngineQuery, key_name, payload_name
 
 log = logging.getLogger(__name__)
@@ -45,32 +45,12 @@ def sql_type(spec_type: str) -> str:
 
 
 def _arrow_info(t: pa.DataType) -> tuple[str, str] | None:
-    """(coarse kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type, with
-    nanosecond timestamps read as long (spark.sql.legacy.parquet.nanosAsLong); None: not read."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_unsigned_integer(t):
-        return "int", {8: "smallint", 16: "int", 32: "bigint", 64: "decimal(20,0)"}[t.bit_width]
-    if pa.types.is_integer(t):
-        return "int", {8: "tinyint", 16: "smallint", 32: "int", 64: "bigint"}[t.bit_width]
-    if pa.types.is_floating(t):
-        return ("float", {32: "float", 64: "double"}[t.bit_width]) if t.bit_width in (32, 64) else None
-    if pa.types.is_decimal(t):
-        return "decimal", f"decimal({t.precision},{t.scale})"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string", "string"
-    if pa.types.is_timestamp(t):
-        return ("ts_ns", "bigint") if t.unit == "ns" else ("ts", "timestamp")
-    if pa.types.is_date(t):
-        return "date", "date"
-    if pa.types.is_boolean(t):
-        return "bool", "boolean"
-    return None
+    """(kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type: :func:`mjoin.eventtime.arrow_info`."""
+    return eventtime.arrow_info(t)
 
 
 def _kind(t: pa.DataType) -> str | None:
-    info = _arrow_info(t)
-    return info[0] if info else None
+    return eventtime.arrow_kind(t)
 
 
 @dataclass
@@ -209,30 +189,10 @@ def _as_type(col: str, kind: str, spec_type: str) -> str:
 
 
 def _event_micros(stream, schema: pa.Schema, src) -> str:
-    """Spark SQL for the stream's event time in epoch microseconds (null when unusable)."""
+    """Spark SQL for the stream's event time in epoch microseconds (null when unusable): the one rule,
+    :func:`mjoin.eventtime.event_time_sql`, of the column's type in the files (an ``expr`` typed by Spark)."""
     et = stream.event_time
-    if et.expr is not None:
-        dtype = src.selectExpr(et.expr).schema[0].dataType.simpleString()
-        e = f"({et.expr})"
-        kind = ("ts" if dtype.startswith("timestamp") else "date" if dtype == "date" else "string" if dtype == "string"
-                else "int" if dtype in ("bigint", "int", "smallint", "tinyint") else "float")
-    else:
-        e = _q(et.column)
-        kind = _kind(schema.field(et.column).type)
-    if kind == "ts":
-        return f"unix_micros(CAST({e} AS TIMESTAMP))"
-    if kind == "ts_ns":
-        return f"({e} div 1000)"
-    if kind == "date":
-        return f"unix_micros(CAST({e} AS TIMESTAMP))"
-    if kind == "int":
-        return f"try_multiply(CAST({e} AS BIGINT), 1000000)"  # epoch seconds
-    if kind in ("float", "decimal"):
-        return f"try_cast(round({e} * 1000000) AS BIGINT)"
-    if et.format:
-        fmt = et.format.replace("'", "\\'")
-        return f"unix_micros(try_to_timestamp({e}, '{fmt}'))"
-    return f"unix_micros(try_cast({e} AS TIMESTAMP))"
+    return eventtime.event_time_sql(et, None if et.expr is not None else _kind(schema.field(et.column).type), src)
 
 
 def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.Schema, paths: list,
@@ -356,33 +316,9 @@ def local_supported(query, streams) -> bool:
 
 
 def _micros(arr: pa.ChunkedArray, kind: str) -> pa.Array:
-    """Event time in epoch microseconds, as :func:`_event_micros` computes it (null when unusable)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    valid = arr.is_valid()
-    if kind == "ts":
-        t = arr.type
-        if t.unit == "ns":  # read as long nanoseconds, then div 1000 (floor)
-            v = np.floor_divide(pc.cast(arr, pa.int64()).fill_null(0).to_numpy(), 1000)
-        else:
-            v = pc.cast(pc.cast(arr, pa.timestamp("us", tz=t.tz), safe=False), pa.int64()).fill_null(0).to_numpy()
-    elif kind == "date":
-        v = pc.cast(pc.cast(arr, pa.date32()), pa.int32()).fill_null(0).to_numpy().astype(np.int64) * 86_400_000_000
-    elif kind == "int":
-        s = pc.cast(arr, pa.int64()).fill_null(0).to_numpy()
-        ok = np.abs(s) <= (2**63 - 1) // 1_000_000  # try_multiply: overflow is null
-        valid = pc.and_(valid, pa.array(ok))
-        v = np.where(ok, s, 0) * 1_000_000
-    else:  # float, decimal: round(x * 1e6)
-        f = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy() * 1e6
-        ok = np.isfinite(f) & (np.abs(f) < 9.2e18)
-        valid = pc.and_(valid, pa.array(ok))
-        v = np.where(ok, np.round(f), 0).astype(np.int64)
-    return pa.array(v, pa.int64(), mask=~np.asarray(valid.to_numpy(zero_copy_only=False), dtype=bool))
+    """Event time in epoch microseconds, as :func:`_event_micros` computes it (null when unusable):
+    :func:`mjoin.eventtime.micros_arrow`."""
+    return eventtime.micros_arrow(arr, kind)
 
 
 def _spark_string(v) -> str:

@@ -53,7 +53,7 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
             any_null = cond if any_null is None else (any_null | cond)
         aggs.append(F.sum(F.when(any_null, 1).otherwise(0)).alias("null_key_rows"))
     if timed:
-        df = df.withColumn("_ts", F.expr(event_time_sql(stream)).cast("double") / F.lit(1e6))
+        df = df.withColumn("_ts", F.expr(event_time_sql(stream, df)).cast("double") / F.lit(1e6))
         aggs += [F.sum(F.when(F.col("_ts") < F.lit(lo), 1).otherwise(0)).alias("late"),
                  F.sum(F.when(F.col("_ts") >= F.lit(hi), 1).otherwise(0)).alias("future"),
                  F.min("_ts").alias("ts_min"), F.max("_ts").alias("ts_max"),

@@ -21,8 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import fsutil
-from ..contract import to_epoch_seconds
+from .. import eventtime, fsutil
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +43,12 @@ def _rows(lake, stream, column: str, lo_us: int, hi_us: int, key: str | None) ->
                 t = pq.read_table(fh, columns=list(dict.fromkeys([c for c in (key, et, column) if c])))
         except (OSError, pa.ArrowException, KeyError):
             continue  # the contract's rules reject such a file; the engine quarantines it
-        secs = to_epoch_seconds(t.column(et))
-        ts = np.where(np.isfinite(secs), np.round(secs * 1e6), -1).astype(np.int64)
+        col = t.column(et)  # the engine's rule (mjoin.eventtime): the same microsecond as the join puts the row in
+        us = eventtime.micros_arrow(col, eventtime.arrow_kind(col.type))
+        t_ok = np.asarray(us.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        ts = us.fill_null(-1).to_numpy()
         k = t.column(key) if key else pa.array(np.zeros(t.num_rows, np.int64))
-        ok = np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & np.isfinite(secs) & \
+        ok = np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & t_ok & \
             (ts >= lo_us) & (ts < hi_us)
         idx = np.flatnonzero(ok)
         keys.append(np.asarray(pc.cast(k, pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)[idx])

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import fsutil
+from .. import eventtime, fsutil
 from ..partition import group_of, sql_group_expr
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,6 @@ def file_problem(schema: pa.Schema, stream) -> str | None:
         if c in stream.keys and fam != "integral":
             return f"key column {c!r} has type {schema.field(c).type}; join keys must be integral"
         if c == stream.event_time.column:
-            typ = schema.field(c).type
-            if pa.types.is_timestamp(typ) and typ.unit == "ns":
-                return (f"event-time column {c!r} is {typ}: Spark cannot read nanosecond Parquet timestamps; "
-                        "land microseconds (pyarrow: coerce_timestamps='us')")
             want = _spec_family(stream.columns[c])
             if fam != want:
                 return (f"event-time column {c!r} has type {schema.field(c).type}, the spec declares "
@@ -156,21 +152,14 @@ def file_problem(schema: pa.Schema, stream) -> str | None:
     return None
 
 
-def event_time_sql(stream) -> str:
-    """Event time of a row as epoch microseconds (NULL when it cannot be parsed)."""
+def event_time_sql(stream, src, kind: str | None = None) -> str:
+    """Event time of a row as epoch microseconds (NULL when unusable): the engine's rule
+    (:func:`mjoin.eventtime.event_time_sql`) for the event-time column's ``kind`` in the files (default: its
+    type as the DataFrame ``src`` reads it; an ``expr`` is typed by Spark on ``src``)."""
     et = stream.event_time
-    if et.expr is not None:
-        return f"unix_micros(try_cast(({et.expr}) AS TIMESTAMP))"
-    c = f"`{et.column}`"
-    typ = stream.columns[et.column]
-    if typ in ("timestamp", "date"):
-        return f"unix_micros(CAST({c} AS TIMESTAMP))"
-    if typ in _INTEGRAL:  # epoch seconds
-        return f"try_multiply(CAST({c} AS BIGINT), {US})"
-    if typ == "string":
-        fmt = et.format.replace("'", "\\'")
-        return f"unix_micros(try_to_timestamp({c}, '{fmt}'))"
-    return f"try_cast({c} * {US}D AS BIGINT)"  # double/float/decimal epoch seconds
+    if et.expr is None and kind is None:
+        kind = eventtime.spark_kind(src.schema[et.column].dataType.simpleString())
+    return eventtime.event_time_sql(et, kind, src)
 
 
 # ---- reading ---------------------------------------------------------------------
@@ -210,8 +199,8 @@ def _spark_type(t: pa.DataType) -> str:
         return "double"
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_timestamp(t):
-        return "timestamp" if t.tz else "timestamp_ntz"
+    if pa.types.is_timestamp(t):  # nanoseconds as long (nanosAsLong), as the engine reads them
+        return "bigint" if t.unit == "ns" else "timestamp" if t.tz else "timestamp_ntz"
     if pa.types.is_date(t):
         return "date"
     return "string"
@@ -253,7 +242,8 @@ def _spark_path(path: str) -> str:
 
 
 def checked_files(query, lake, grid: Grid, *, prune_arrivals: bool = True) -> tuple[dict, dict]:
-    """``({stream: StreamReport}, {stream: {Spark type signature: [paths]}})``: the landed files of every stream
+    """``({stream: StreamReport}, {stream: {(Spark type signature, event-time kind): [paths]}})``: the landed
+    files of every stream
     that the interval needs, each checked from its Parquet footer (unreadable or unusable files are skipped and
     reported with the reason)."""
     reports, usable = {}, {}
@@ -273,7 +263,9 @@ def checked_files(query, lake, grid: Grid, *, prune_arrivals: bool = True) -> tu
                 rep.rejected_files.append({"file": f, "reason": why})
                 continue
             sig = tuple(_spark_type(schema.field(c).type) for c in needed_columns(s, query))
-            by_schema.setdefault(sig, []).append(f)
+            et_col = s.event_time.column
+            kind = eventtime.arrow_kind(schema.field(et_col).type) if et_col else None  # None: an expr
+            by_schema.setdefault((sig, kind), []).append(f)
             rep.rows_in_files += num_rows
             for c, lo_hi in ranges.items():
                 if lo_hi != ():
@@ -305,16 +297,19 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
             # NULL key -> no group (sql_group_expr's range rule alone would give NULL keys group 0)
             kcol = f"({keys[classes.index(part_class)]})"
             g = f"CASE WHEN {kcol} IS NULL THEN NULL ELSE CAST({sql_group_expr(kcol, rule)} AS BIGINT) END"
-        columns = [f"CAST({sid} AS INT) AS sid", f"{event_time_sql(s)} AS t", f"{g} AS g",
-                   *[f"{k} AS k{ci}" for ci, k in enumerate(keys)]]
         keep = f"t IS NULL OR (t > {lo_us} AND t <= {grid.t1_us})"
-        for sig, paths in by_schema.items():
+        for (sig, kind), paths in by_schema.items():
+            if kind == "ts_ns":  # read as long nanoseconds, as the engine does (its ENGINE_CONF sets this too)
+                spark.conf.set("spark.sql.legacy.parquet.nanosAsLong", "true")
             reader = spark.read
             if s.event_time.expr is None:
                 # only the needed columns, with explicit types: other columns (even ones Spark cannot
                 # read, like nanosecond timestamps) are never looked at, and int32 keys widen to bigint
                 reader = reader.schema(", ".join(f"`{c}` {t}" for c, t in zip(needed_columns(s, query), sig)))
-            frames.append(reader.parquet(*[_spark_path(p) for p in paths]).selectExpr(*columns).where(keep))
+            src = reader.parquet(*[_spark_path(p) for p in paths])
+            columns = [f"CAST({sid} AS INT) AS sid", f"{event_time_sql(s, src, kind)} AS t", f"{g} AS g",
+                       *[f"{k} AS k{ci}" for ci, k in enumerate(keys)]]
+            frames.append(src.selectExpr(*columns).where(keep))
     if frames:
         base = frames[0]
         for f in frames[1:]:
@@ -350,26 +345,12 @@ def driver_read_problem(spark, query) -> str | None:
 
 def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """Event time as epoch microseconds and its validity, as :func:`event_time_sql` computes it in a UTC
-    session (timestamps and dates at UTC; epoch seconds x 10^6, NULL where that overflows a bigint;
-    fractional seconds truncated toward zero as ``try_cast(... AS BIGINT)`` does)."""
-    typ = col.type
-    ok = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    if pa.types.is_timestamp(typ):
-        us = pc.cast(col, pa.timestamp("us", typ.tz)).cast(pa.int64())
-        return us.fill_null(0).to_numpy(), ok
-    if pa.types.is_date(typ):
-        days = pc.cast(col, pa.date32()).cast(pa.int32())
-        return days.fill_null(0).to_numpy().astype(np.int64) * 86_400 * US, ok
-    if pa.types.is_integer(typ):
-        v = _int64(col, "the event-time column")
-        lim = np.iinfo(np.int64).max // US
-        ok &= (v >= -lim) & (v <= lim)  # try_multiply: NULL on overflow
-        return np.where(ok, v, 0) * US, ok
-    if not pa.types.is_floating(typ):  # decimals: Spark's decimal-to-double rounding is not re-done here
-        raise DriverReadUnsupported(f"an event-time column of type {typ}")
-    x = pc.cast(col, pa.float64()).fill_null(0).to_numpy() * float(US)  # c * 1000000D
-    ok &= np.isfinite(x) & (x >= -2.0 ** 63) & (x < 2.0 ** 63)  # try_cast: NULL out of range
-    return np.where(ok, np.trunc(x), 0).astype(np.int64), ok
+    session: :func:`mjoin.eventtime.micros_arrow` of the column's kind."""
+    try:
+        us = eventtime.micros_arrow(col, eventtime.arrow_kind(col.type))
+    except ValueError as exc:  # a string: Spark's to parse
+        raise DriverReadUnsupported(f"an event-time column of type {col.type}: {exc}") from None
+    return us.fill_null(0).to_numpy(), ~np.asarray(us.is_null().to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _groups(key: np.ndarray, key_ok: np.ndarray, rule: dict | None) -> tuple[np.ndarray, np.ndarray]:
