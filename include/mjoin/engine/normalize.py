@@ -45,7 +45,8 @@ def sql_type(spec_type: str) -> str:
 
 
 def _arrow_info(t: pa.DataType) -> tuple[str, str] | None:
-    """(kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type: :func:`mjoin.eventtime.arrow_info`."""
+    """(kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type
+    (:func:`mjoin.eventtime.arrow_info`)."""
     return eventtime.arrow_info(t)
 
 
