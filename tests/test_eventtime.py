@@ -1,7 +1,7 @@
 """One event-time rule (mjoin.eventtime): for every kind of event time, the engine's Spark path
 (normalize_group), its driver path (normalize_local), the statistics job's Spark read (load_streams) and its
 driver read (read_routed) put every row in the same microsecond, with the same NULLs for unusable values
-(overflow, NaN, infinities, unparsable strings). String and ``expr`` event times are Spark's to parse: both
+(overflow, NaN, infinities, unparsable strings); so does the input gate's Spark scan. String and ``expr`` event times are Spark's to parse: both
 driver paths refuse them, and the two Spark paths agree; a decimal ``expr`` is compared with the driver-side
 computation (micros_arrow) directly."""
 from __future__ import annotations
@@ -132,6 +132,16 @@ def test_every_path_puts_a_row_in_the_same_microsecond(spark, landed):
         engine_spark = {}
         for r in frame.select("_s", "_ts", kcol).collect():
             engine_spark.setdefault(eq.streams[r["_s"]], {})[int(r[kcol])] = r["_ts"]
+        # the input gate's Spark scan: each file read as it is (no schema), the kind from the type Spark reads
+        gate_spark = {}
+        frames = []
+        for n in names:
+            df = spark.read.parquet(paths[n][0])
+            frames.append(df.selectExpr(f"'{n}' AS s", f"{sources.event_time_sql(q.stream(n), df)} AS t", "k"))
+        for f in frames[1:]:
+            frames[0] = frames[0].unionByName(f)
+        for r in frames[0].collect():
+            gate_spark.setdefault(r["s"], {})[int(r["k"])] = r["t"]
         restore_conf(spark, engine_conf)
     finally:
         restore_conf(spark, before)
@@ -154,6 +164,7 @@ def test_every_path_puts_a_row_in_the_same_microsecond(spark, landed):
     for n in names:
         arrays = KINDS[n][2]
         assert engine_spark[n] == stats_spark[n], n
+        assert gate_spark[n] == engine_spark[n], n
         assert len(engine_spark[n]) == len(next(iter(arrays.values()))), n
         if n in local:
             assert engine_local[n] == engine_spark[n], n

@@ -159,6 +159,8 @@ def event_time_sql(stream, src, kind: str | None = None) -> str:
     et = stream.event_time
     if et.expr is None and kind is None:
         kind = eventtime.spark_kind(src.schema[et.column].dataType.simpleString())
+        if kind == "int" and stream.columns.get(et.column) == "timestamp":
+            kind = "ts_ns"  # a declared timestamp that Spark reads as long: nanoseconds (nanosAsLong)
     return eventtime.event_time_sql(et, kind, src)
 
 
