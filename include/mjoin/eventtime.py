@@ -88,7 +88,8 @@ def micros_sql(e: str, kind: str | None, fmt: str | None = None) -> str:
         return f"try_cast(round(try_multiply({e}, {US})) AS BIGINT)"
     if kind == "string":
         if fmt:
-            return f"unix_micros(try_to_timestamp({e}, '{fmt.replace(chr(39), chr(92) + chr(39))}'))"
+            quoted = fmt.replace("'", "\\'")
+            return f"unix_micros(try_to_timestamp({e}, '{quoted}'))"
         return f"unix_micros(try_cast({e} AS TIMESTAMP))"
     return "CAST(NULL AS BIGINT)"
 
