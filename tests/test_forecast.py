@@ -229,3 +229,23 @@ def test_bad_settings_are_clear_errors():
     with pytest.raises(ForecastError, match="min_points"):
         ForecastConfig(min_points=1)
     assert math.isfinite(forecast_series([1.0, 2.0], "gamma")["value"])
+
+
+def test_kappa_forecast_never_exceeds_window_tuples(seed_query):
+    """A sparse stream: 12 tuples in the window, distinct keys rising to all 12 in the last cycle. Holt's
+    trend alone forecasts more keys than tuples; the forecast caps kappa (value and interval) at window_tuples."""
+    h = history_of(seed_query, 40, lam=lambda j: 0.04, gamma=lambda j: 0.2, kappa=lambda j: 12.0 - 0.2 * (39 - j))
+    alone = forecast_series(h[(h.entity == "stream") & (h.stream == "cu")].sort_values("cycle_start")["kappa"]
+                            .to_numpy(dtype=float), "kappa")
+    res = forecast(h, T0 + pd.Timedelta(seconds=TAU * 40), length=40)
+    st = res.statistics
+    for s in seed_query.stream_names:
+        assert st.window_tuples(s) == pytest.approx(12.0)
+        assert st.kappa(s) <= st.window_tuples(s)
+    rep = res.report[(res.report.statistic == "kappa") & (res.report.stream == "cu")].iloc[0]
+    assert alone["value"] > 12.1  # the trend alone overshoots
+    assert rep.value == pytest.approx(12.0) and "capped" in rep.reason and rep.upper <= 12.0
+    below = forecast(history_of(seed_query, 40, lam=lambda j: 0.04, gamma=lambda j: 0.2, kappa=lambda j: 6.0),
+                     T0 + pd.Timedelta(seconds=TAU * 40), length=40)
+    assert below.statistics.kappa("cu") == pytest.approx(6.0)  # below window_tuples: untouched
+    assert "capped" not in below.report[below.report.statistic == "kappa"].iloc[0].reason
