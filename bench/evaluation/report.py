@@ -144,18 +144,47 @@ def markdown(r: dict) -> str:
                        f"{p['join_engine_seconds']:.2f} s: {_pct(p['fraction_of_join_engine_time']).lstrip('+')}")
     drift = (r.get("drift") or {}).get("presets") or {}
     if drift:
-        out.append("\n| preset | measure | dppick vs oracle | exact vs oracle | dppick below fixed (mean of orders) | "
-                   "dppick below selectivity_first | goal met (dppick) | plan changes dppick gated / ungated (paid) |")
+        out.append("\n| preset | base rate (tuples/s) | batches | result rows | chains' share of task CPU | task CPU over the "
+                   "fixed orders (s) | probe work max / min | forecast gate failed / cycles |")
         out.append("|---|---|---|---|---|---|---|---|")
+        for name, doc in drift.items():
+            sh = doc["engine"]["order_share"]
+            go = doc["loop"]["gate_outcomes"]
+            fg = go.get("forecast_gate", {})
+            out.append(f"| {name} | {doc['drift'].get('base_rate', '-')} | {doc['batches']} | "
+                       f"{doc['engine']['result_rows'][0]:,} | {sh['chain_share_of_task_cpu']:.0%} | "
+                       f"{sh['task_cpu']['min']:.2f}-{sh['task_cpu']['max']:.2f} | x{sh['probe_work']['ratio']:.1f} | "
+                       f"{fg.get('failed', 0)} / {go['cycles']} |")
+        out.append("\n| preset | measure | dppick vs oracle | exact vs oracle | dppick below fixed (mean of orders) | "
+                   "dppick below selectivity_first | exact below fixed / selectivity_first | goal met (dppick, exact) | "
+                   "plan changes dppick gated / ungated (paid) |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
         for name, doc in drift.items():
             g = doc["drift"]["goals"]
             ch = doc.get("plan_changes", {}).get("dppick", {})
             chs = (f"{ch['gated']['changes']} ({ch['gated']['paid']}) / {ch['ungated']['changes']} "
                    f"({ch['ungated']['paid']})") if ch else "-"
-            for m in [x for x in ("chain_cpu", "cpu", "work") if x in g["dppick"]]:
-                out.append(f"| {name} | {m} | {_pct(g['dppick'][m]['vs_oracle'])} | {_pct(g['exact'][m]['vs_oracle'])} | "
-                           f"{_pct(g['dppick'][m]['below_fixed_mean'])} | {_pct(g['dppick'][m]['below_selectivity_first'])} "
-                           f"| {'yes' if g['dppick'][m]['goal_met'] else 'no'} | {chs if m == 'chain_cpu' else ''} |")
+            for m in [x for x in ("chain_cpu", "cpu", "wall", "work") if x in g["dppick"]]:
+                d, e = g["dppick"][m], g["exact"][m]
+                met = f"{'yes' if d['goal_met'] else 'no'}, {'yes' if e['goal_met'] else 'no'}"
+                out.append(f"| {name} | {m} | {_pct(d['vs_oracle'])} | {_pct(e['vs_oracle'])} | "
+                           f"{_pct(d['below_fixed_mean'])} | {_pct(d['below_selectivity_first'])} | "
+                           f"{_pct(e['below_fixed_mean'])} / {_pct(e['below_selectivity_first'])} | {met} | "
+                           f"{chs if m == 'chain_cpu' else ''} |")
+        flap = {name: doc.get("plan_changes", {}) for name, doc in drift.items()}
+        out.append("\nPlan changes with the gate's hysteresis (5% threshold) and without it, first initial order, "
+                   "changes (of them paid, measured task CPU until the next change):\n")
+        strategies = [s for s in ("selectivity_first", "greedy", "dppick", "exact", "dppick_nosmooth", "oracle")
+                      if any(s in f for f in flap.values())]
+        out.append("| preset | " + " | ".join(f"{s} gated / ungated" for s in strategies) + " |")
+        out.append("|---|" + "---|" * len(strategies))
+        for name, f in flap.items():
+            cells = []
+            for s in strategies:
+                c = f.get(s)
+                cells.append(f"{c['gated']['changes']} ({c['gated']['paid']}) / {c['ungated']['changes']} "
+                             f"({c['ungated']['paid']})" if c else "-")
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
     sens = r.get("sensitivity") or {}
     if sens.get("cycle"):
         out.append("\n| tau (s) | batches | dppick task CPU (s) | dppick engine (s) | fixed CPU | oracle CPU | loop total (s) |")

@@ -91,6 +91,88 @@ def _stripes(n: int) -> dict:
                         "value": shift + 2} for i, shift in striped]}
 
 
+# ---- the probe order decides the work: a hot stream over a wide domain, sparse filters -------------------------
+#
+# ``s0`` (the source) is uniform over the base domain [0, d); the *hot* stream is uniform over [0, 2d) at 4x the
+# source's rate, so a lookup from the source's keys always hits it and fetches ~mu_hot tuples; the *filters* are
+# uniform over [0, d) and sparse (1/800 of the source's rate: a lookup into one hits a few percent of the time).
+# The best order of the source (and of the hot stream's keys inside [0, d)) probes the filters first and the hot
+# stream last; the worst fetches the hot stream's whole key list and then dies at a filter. selectivity_first
+# orders by the fraction of a window one lookup matches, gamma mu / |W|, which for uniform keys is about
+# 1 / (the stream's domain): it puts the hot stream (domain 2d) before the filters (domain d) whatever the rates,
+# the order dppick's cost model (which weighs gamma and mu) avoids. Which stream is hot drifts.
+
+_FILTER = 0.00125  # a filter's rate, in source rates
+_HOT = 4.0  # the hot stream's rate, in source rates
+
+
+def _hot_filter_base(n: int, hot: str, description: str) -> dict:
+    """``s0`` the source, ``hot`` the hot stream over 2d, every other stream a sparse filter; the rates' mean is the
+    base rate (as in every preset)."""
+    norm = n / (1.0 + _HOT + (n - 2) * _FILTER)
+    streams = {"s0": {"rate": f"{norm:.12g}x", "domain": "1d"}}
+    for i in range(1, n):
+        s = f"s{i}"
+        streams[s] = ({"rate": f"{_HOT * norm:.12g}x", "domain": "2d"} if s == hot else
+                      {"rate": f"{_FILTER * norm:.12g}x", "domain": "1d"})
+    return {"description": description, "defaults": {"zipf": 0.0, "offset": 0, "shift": 0, "null_rate": 0.0},
+            "streams": streams, "events": [], "_norm": norm}
+
+
+def _hot_rotate(n: int) -> dict:
+    """Steps in rates and key popularity: the hot role moves from s1 to s2 to ... (the old hot stream becomes a
+    filter over d, the next filter becomes hot over 2d), at 10% + j * 90% / (n - 1)."""
+    m = n - 1
+    doc = _hot_filter_base(n, "s1", "")
+    norm = doc.pop("_norm")
+    hot_rate, filter_rate = f"{_HOT * norm:.12g}x", f"{_FILTER * norm:.12g}x"
+    at = [f"{10 + 90 * j / m:.12g}%" for j in range(1, m)]
+    for j, t in enumerate(at, start=1):
+        old, new = f"s{j}", f"s{j + 1}"
+        doc["events"] += [{"type": "step", "at": t, "stream": old, "param": "rate", "value": filter_rate},
+                          {"type": "step", "at": t, "stream": old, "param": "domain", "value": "1d"},
+                          {"type": "step", "at": t, "stream": new, "param": "rate", "value": hot_rate},
+                          {"type": "step", "at": t, "stream": new, "param": "domain", "value": "2d"}]
+    doc["description"] = ("s0 the source over d; s1 hot (4x s0, uniform over 2d), the others sparse filters over d; "
+                          f"the hot role steps on to s2, s3, ... at {', '.join(at) or 'never'} "
+                          "(selectivity_first puts the hot stream first: it matches the least of its window)")
+    return doc
+
+
+def _hot_ramp(n: int) -> dict:
+    """Ramps in rates: s1 fades from hot to a filter while s2 (over 3d) grows from a filter to hot, 25%-75%."""
+    doc = _hot_filter_base(n, "s1", "")
+    norm = doc.pop("_norm")
+    hot_rate, filter_rate = f"{_HOT * norm:.12g}x", f"{_FILTER * norm:.12g}x"
+    if n > 2:
+        doc["streams"]["s2"]["domain"] = "3d"
+        doc["events"] = [{"type": "ramp", "from": "25%", "to": "75%", "stream": "s1", "param": "rate",
+                          "value": filter_rate},
+                         {"type": "ramp", "from": "25%", "to": "75%", "stream": "s2", "param": "rate",
+                          "value": hot_rate}]
+    doc["description"] = ("s0 the source over d; s1 hot over 2d fades to a sparse filter while s2 (over 3d) grows "
+                          "from a sparse filter to hot, ramps 25%-75%; the others sparse filters over d")
+    return doc
+
+
+def _hot_burst(n: int) -> dict:
+    """Bursts in rates: each filter in turn bursts x100 for 10% of the workload (it stops filtering: a lookup into
+    it hits and fetches ~mu_hot / 16 tuples), from 30% on, 15% apart."""
+    doc = _hot_filter_base(n, "s1", "")
+    doc.pop("_norm")
+    spans = []
+    for k, i in enumerate(range(2, n)):
+        a = 30 + 15 * k
+        if a + 10 > 100:
+            break
+        spans.append(f"s{i} {a}-{a + 10}%")
+        doc["events"].append({"type": "burst", "from": f"{a}%", "to": f"{a + 10}%", "stream": f"s{i}",
+                              "factor": 100})
+    doc["description"] = ("s0 the source over d; s1 hot over 2d; the sparse filters burst x100 in turn ("
+                          f"{', '.join(spans) or 'none'}): while it bursts a filter filters nothing")
+    return doc
+
+
 PRESETS = {
     "stationary": _stationary,
     "rate-swap": _rate_swap,
@@ -99,6 +181,9 @@ PRESETS = {
     "burst": _burst,
     "mixed": _mixed,
     "stripes": _stripes,
+    "hot-rotate": _hot_rotate,
+    "hot-ramp": _hot_ramp,
+    "hot-burst": _hot_burst,
 }
 
 
