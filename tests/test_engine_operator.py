@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from mjoin.engine.compiled import CompiledPlan, EngineQuery
-from mjoin.engine.frame import arrow_frame_schema, arrow_result_schema
+from mjoin.engine.frame import arrow_frame_schema, arrow_result_schema, delta_columns, payload_slots
 from mjoin.engine.operator import KIND_DELTA, BucketContext, KeyedRows, expand, process_bucket
 from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.query import parse_query
@@ -69,8 +69,9 @@ def _brute_force(q, data):
 
 def _frame_rows(eq, schema, stream, part):
     n = len(part["id"])
+    slot = dict(payload_slots(eq)[1][stream])[f"{stream}__id"]  # a delta's payload is in its stream's slots
     cols = {"_kind": pa.array(np.full(n, KIND_DELTA, np.int8)), "_s": pa.array(np.full(n, eq.index(stream), np.int32)),
-            "_ts": pa.array(part["t"].astype(np.int64)), f"{stream}__id": pa.array(part["id"])}
+            "_ts": pa.array(part["t"].astype(np.int64)), slot: pa.array(part["id"])}
     for c in eq.stream_classes[stream]:
         cols[f"_k_{c}"] = pa.array(part[eq.key_columns[(stream, c)]].astype(np.int64))
     return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
@@ -88,7 +89,8 @@ def _run(q, data, plan, buckets=1):
             keys = t.column(f"_k_{c}").to_numpy()
             for b in range(buckets):
                 sel = np.flatnonzero(np.mod(keys, buckets) == b)
-                old[(c, s, b)] = KeyedRows(t.take(sel).select(eq.state_columns(s)), f"_k_{c}")
+                state = t.take(sel).select(delta_columns(eq, s)).rename_columns(eq.state_columns(s))
+                old[(c, s, b)] = KeyedRows(state, f"_k_{c}")
     deltas = pa.concat_tables([_frame_rows(eq, schema, s, data[s][1]) for s in eq.streams])
     results, docs, partials, stage = [], [], None, 1
     while True:

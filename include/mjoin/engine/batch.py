@@ -44,7 +44,8 @@ from ..pools import shared_pool
 from ..timeutil import iso
 from .compiled import CompiledPlan, EngineQuery, key_name
 from .config import EngineConfig, EngineError
-from .frame import arrow_frame_schema, arrow_result_schema, frame_ddl, spark_frame_schema
+from .frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
+                    spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
 from .metrics import shuffle_bytes, stage_times, write_record
 from .normalize import REASONS
 from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, BucketContext, process_bucket
@@ -222,7 +223,8 @@ def slice_of(ts: np.ndarray, key: np.ndarray, slices: int) -> np.ndarray:
 def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4) -> pa.Table:
     """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
     attribute class of its stream with its key's bucket (in a band class: in every time slice, kept in its
-    own), a rejected row once (``_kind`` 3), one tick row per (class, bucket)."""
+    own), a rejected row once (``_kind`` 3), one tick row per (class, bucket). ``table``: rows in the input
+    layout (:func:`mjoin.engine.normalize.normalize_local`); ``schema``: the Arrow input schema."""
     parts = []
     if table is not None and table.num_rows:
         ok = np.asarray(table.column("_reason").is_null().to_numpy(zero_copy_only=False), dtype=bool)
@@ -483,6 +485,9 @@ class BatchRunner:
         self.quarantine_root = out_lake.quarantine(query.name)
         self.frame_schema = spark_frame_schema(self.eq)
         self.arrow_schema = arrow_frame_schema(self.eq)
+        #: stage 1's rows (what crosses the input shuffle), without the partial results' columns (frame.input_ddl)
+        self.input_schema = spark_input_schema(self.eq)
+        self.arrow_input_schema = arrow_input_schema(self.eq)
         self.result_schema = arrow_result_schema(self.eq)
         self.partitions = config.shuffle_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
         self.store.check_compatible(config.buckets, self.eq.fingerprint,
@@ -502,14 +507,15 @@ class BatchRunner:
         return self.route_frame(deltas, keep)
 
     def route_frame(self, frame, keep=()):
-        """A normalised frame (accepted and rejected rows) routed for stage 1 (without ticks), in one
-        projection over one scan of the files: an accepted row once per attribute class of its stream
-        (``_kind`` 1, its key's bucket), a rejected row once (``_kind`` 3, one bucket per stream). In a band
-        class (PSP) an accepted row goes to every time slice: kept in its own (``_kind`` 1, the slice of its
-        event time), probing the others (``_kind`` 5). A union of filters would read every file twice.
-        (Built as SQL text: a handful of py4j calls instead of several per column.)"""
+        """Normalised rows (accepted and rejected) routed for stage 1 (without ticks), in the input layout
+        (:func:`mjoin.engine.frame.input_ddl`: payload in its stream's slots), in one projection over one scan
+        of the files: an accepted row once per attribute class of its stream (``_kind`` 1, its key's bucket),
+        a rejected row once (``_kind`` 3, one bucket per stream). In a band class (PSP) an accepted row goes
+        to every time slice: kept in its own (``_kind`` 1, the slice of its event time), probing the others
+        (``_kind`` 5). A union of filters would read every file twice. (Built as SQL text: a handful of py4j
+        calls instead of several per column.)"""
         eq = self.eq
-        names = [n for n, _ in frame_ddl(eq)] + [k for k in keep if k in set(frame.columns)]
+        names = [n for n, _ in input_ddl(eq)] + [k for k in keep if k in set(frame.columns)]
         frame = self.conform(frame, keep)
         nb, ns = self.config.buckets, self.config.psp_slices
         ok = "_reason IS NULL"
@@ -560,17 +566,20 @@ class BatchRunner:
                      + f" ELSE {ends[-1] - sizes[-1]} END")
         exprs = {"_kind": "CAST(0 AS TINYINT)", "_c": f"CAST({c} AS INT)", "_b": f"CAST({k} - {start} AS INT)"}
         cols = [f"{exprs[name]} AS {name}" if name in exprs else f"CAST(NULL AS {t}) AS `{name}`"
-                for name, t in frame_ddl(self.eq)]
+                for name, t in input_ddl(self.eq)]
         if batches:
             cols.append(f"CAST({batches[0]} + id div {n} AS INT) AS _batch")
         # a generated local relation, not spark.range: ticks are not read, so not counted as the stage's input rows
         ids = self.spark.sql(f"SELECT explode(sequence(0, {n * (len(batches) if batches else 1) - 1})) AS id")
         return ids.selectExpr(*cols)
 
-    def conform(self, df, keep=()):
-        """All frame columns, in order (missing ones as typed nulls), then ``keep``."""
+    def conform(self, df, keep=(), full: bool = False):
+        """The input layout's columns (``full``: the whole frame's), in order, then ``keep``: missing ones as
+        typed nulls; a stream's payload, where ``df`` has it by name (normalised rows), in its slots."""
         have = set(df.columns)
-        cols = [f"CAST(`{n}` AS {t}) AS `{n}`" if n in have else f"CAST(NULL AS {t}) AS `{n}`" for n, t in frame_ddl(self.eq)]
+        slots = spark_slot_exprs(self.eq, have)
+        cols = [f"CAST(`{n}` AS {t}) AS `{n}`" if n in have else f"{slots[n]} AS `{n}`" if n in slots
+                else f"CAST(NULL AS {t}) AS `{n}`" for n, t in (frame_ddl(self.eq) if full else input_ddl(self.eq))]
         return df.selectExpr(*cols, *[f"`{k}`" for k in keep if k in have])
 
     def partitioned(self, df):
@@ -705,7 +714,7 @@ class BatchRunner:
             routed = first.where("_kind = 1")
             stage_input = self.partitioned(self._with_punctuations(first.unionByName(self.ticks()), binput))
         else:
-            deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.frame_schema)
+            deltas = binput.deltas if binput.deltas is not None else self.spark.createDataFrame([], self.input_schema)
             routed = self.route(deltas)
             stage_input = self.partitioned(self._with_punctuations(routed.unionByName(self.ticks()), binput))
 
@@ -714,15 +723,16 @@ class BatchRunner:
             plan = physical_info(mapped)
             return [json.loads(r.doc) for r in mapped.collect()], plan
 
-        def next_input(folder):
-            return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder).unionByName(routed))
+        def next_input(folder):  # partial results (whole frame) and the deltas replayed into their class
+            return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder)
+                                    .unionByName(self.conform(routed, full=True)))
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, run_stage, next_input)
 
     def _with_punctuations(self, df, binput: BatchInput):
         if binput.punctuations is None or not binput.punctuations.num_rows:
             return df
-        return df.unionByName(self.spark.createDataFrame(binput.punctuations.cast(self.arrow_schema)))
+        return df.unionByName(self.spark.createDataFrame(to_layout(binput.punctuations, self.arrow_input_schema)))
 
     def _run_local(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
                    cache_bytes: int):
@@ -732,10 +742,10 @@ class BatchRunner:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_schema, self.config.psp_slices)
+        first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_input_schema, self.config.psp_slices)
         deltas = first.filter(pc.equal(first.column("_kind"), 1))
         if binput.punctuations is not None and binput.punctuations.num_rows:
-            first = pa.concat_tables([first, binput.punctuations.cast(self.arrow_schema)])
+            first = pa.concat_tables([first, to_layout(binput.punctuations, self.arrow_input_schema)])
 
         threads = self.config.threads_on_driver()
 
@@ -748,7 +758,7 @@ class BatchRunner:
                 fs, p = fsutil.resolve(fsutil.join(folder, name))
                 with fs.open_input_file(p) as fh:
                     parts.append(pq.read_table(fh).cast(self.arrow_schema))
-            return pa.concat_tables(parts + [deltas])
+            return pa.concat_tables(parts + [to_layout(deltas, self.arrow_schema)])
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first, run_stage, next_input)
 
@@ -825,7 +835,8 @@ class BatchRunner:
             part_df = self.spark.read.schema(schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
             # the classes the partial results enter: their deltas replay the state batch by batch
             targets = sorted({eq.class_index(seg.attr_class) for ch in plan.chains.values() for seg in ch.segments[1:]})
-            replay = routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})")
+            replay = self.conform(routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})"),
+                                  keep=("_batch",), full=True)
             stage_input = self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
 
         t0 = time.perf_counter()

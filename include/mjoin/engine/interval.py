@@ -203,13 +203,13 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
     if data.punctuations:
         batch = {path: b for path, _, _, b in data.punctuations}
         rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
-                                        runner.config.buckets, runner.arrow_schema,
+                                        runner.config.buckets, runner.arrow_input_schema,
                                         batch_of=lambda path, arrival: batch[path])
         data.rejects += bad
         if rows is not None:
             from pyspark.sql.types import IntegerType, StructField, StructType
 
-            schema = StructType(list(runner.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
+            schema = StructType(list(runner.input_schema.fields) + [StructField("_batch", IntegerType(), True)])
             routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
     key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
     return runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key))

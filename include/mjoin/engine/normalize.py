@@ -371,18 +371,17 @@ def raw_json(table: pa.Table) -> list:
 
 
 def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None) -> pa.Table | None:
-    """:func:`normalize_streams` on the driver with pyarrow (no Spark job): the frame rows of every
-    accepted file, conformed to the engine's Arrow frame schema, with ``_reason``, ``_file``, ``_raw``.
-    Only for streams :func:`local_supported` accepts."""
-    import json
-
+    """:func:`normalize_streams` on the driver with pyarrow (no Spark job): the rows of every accepted file
+    in the engine's input layout (:func:`mjoin.engine.frame.input_ddl`: payload in its stream's slots), with
+    ``_reason``, ``_file``, ``_raw``. Only for streams :func:`local_supported` accepts."""
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from .frame import arrow_frame_schema
+    from .frame import arrow_input_schema, payload_slots
 
-    schema = arrow_frame_schema(eq)
+    schema = arrow_input_schema(eq)
+    slot_of = {name: slot for pairs in payload_slots(eq)[1].values() for name, slot in pairs}
     parts = []
     for (name, _sig), (fschema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
         stream = query.stream(name)
@@ -407,13 +406,14 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
                 null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
             bad_type = np.zeros(n, bool)
             for col, _spec in eq.payload[name]:
-                target = schema.field(payload_name(name, col)).type
+                slot = slot_of[payload_name(name, col)]
+                target = schema.field(slot).type
                 src = t.column(col)
                 try:
                     v = pc.cast(src, target, safe=not pa.types.is_timestamp(target))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     v = pa.array([None] * n, target)
-                cols[payload_name(name, col)] = v
+                cols[slot] = v
                 bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
             ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
             reason = np.full(n, None, dtype=object)

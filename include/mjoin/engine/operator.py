@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from ..partition import group_of
 from .compiled import CompiledPlan, EngineQuery, key_name
+from .frame import delta_columns
 
 EMPTY = np.zeros(0, dtype=np.int64)
 KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT, KIND_PROBE = 0, 1, 2, 3, 4, 5
@@ -485,11 +486,12 @@ def _reject_table(ctx: BucketContext, rows: KeyedRows, stream: str, idx: np.ndar
 def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np.ndarray, stream: str,
                  attr_class: str, which: int = KIND_DELTA) -> KeyedRows:
     sel = np.flatnonzero((kind == which) & (s_idx == ctx.eq.index(stream)))
-    cols = ctx.eq.state_columns(stream)
+    src = delta_columns(ctx.eq, stream)  # a delta's payload is in its stream's slots: renamed, not copied
     if len(sel) and int(sel[-1]) - int(sel[0]) + 1 == len(sel):  # contiguous (input sorted by stream): a view
-        table = rows.slice(int(sel[0]), len(sel)).select(cols)
+        table = rows.slice(int(sel[0]), len(sel)).select(src)
     else:
-        table = rows.select(cols).take(sel)
+        table = rows.select(src).take(sel)
+    table = table.rename_columns(ctx.eq.state_columns(stream))
     schema = ctx.state_schema(stream)
     if not table.schema.equals(schema):
         table = table.cast(schema)
