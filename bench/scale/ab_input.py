@@ -141,7 +141,11 @@ def main(argv=None) -> int:
         proc = subprocess.run([sys.executable, __file__, "--worker", trees[tree], "--sf", str(args.sf), "--rounds",
                                str(args.rounds), "--work", work, "--densities", *args.densities]
                               + (["--driver-only"] if args.driver_only else []),
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True,
+                              # the Spark Python workers (the operator) import mjoin from the same tree as the
+                              # driver, not from the venv's editable install of this one
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(Path(trees[tree]) / "include")] + [p for p in [os.environ.get("PYTHONPATH")] if p])})
         rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         for r in rows:
             r["process"] = i
