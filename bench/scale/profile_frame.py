@@ -36,38 +36,6 @@ sys.path.insert(0, str(HERE))
 import bench_scale as B  # noqa: E402  (puts include/ and tests/ on sys.path)
 
 
-def stage_details(spark, group: str) -> list[dict]:
-    """Per stage of the jobs of ``group``: Spark's status store figures (times in seconds)."""
-    sc = spark.sparkContext
-    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
-    out = []
-    for job in sorted(tracker.getJobIdsForGroup(group)):
-        info = tracker.getJobInfo(job)
-        for sid in sorted(info.stageIds if info else []):
-            try:
-                d = store.lastStageAttempt(sid)
-            except Exception:  # noqa: BLE001 - skipped or evicted
-                continue
-            sub, done = d.submissionTime(), d.completionTime()
-            out.append({
-                "stage": sid, "tasks": int(d.numTasks()),
-                "wall_seconds": (done.get().getTime() - sub.get().getTime()) / 1000
-                if sub.isDefined() and done.isDefined() else None,
-                "task_seconds": int(d.executorRunTime()) / 1000, "task_cpu_seconds": int(d.executorCpuTime()) / 1e9,
-                "deserialize_seconds": int(d.executorDeserializeTime()) / 1000,
-                "gc_seconds": int(d.jvmGcTime()) / 1000,
-                "input_rows": int(d.inputRecords()), "input_bytes": int(d.inputBytes()),
-                "shuffle_write_bytes": int(d.shuffleWriteBytes()), "shuffle_write_records": int(d.shuffleWriteRecords()),
-                "shuffle_write_seconds": int(d.shuffleWriteTime()) / 1e9,
-                "shuffle_read_bytes": int(d.shuffleReadBytes()), "shuffle_read_records": int(d.shuffleReadRecords()),
-                "shuffle_fetch_wait_seconds": int(d.shuffleFetchWaitTime()) / 1000,
-                "peak_execution_memory": int(d.peakExecutionMemory()),
-                "spilled_bytes": int(d.memoryBytesSpilled()), "disk_spilled_bytes": int(d.diskBytesSpilled()),
-                "kind": "input" if int(d.shuffleWriteBytes()) and not int(d.shuffleReadBytes()) else
-                "operator" if int(d.shuffleReadBytes()) else "other"})
-    return out
-
-
 def _count_task(batches):
     import pyarrow as pa
 
@@ -107,7 +75,9 @@ def run_shuffle(spark, landed: Path, out: Path, span, wide: bool) -> dict:
         t2 = time.perf_counter()
         docs = [json.loads(r.doc) for r in routed.mapInArrow(_count_task, "doc string").collect()]
         t3 = time.perf_counter()
-        stages = stage_details(spark, group)
+        from mjoin.engine.metrics import stage_times
+
+        stages = stage_times(spark, group, detail=True)
         return {"wall_seconds": t3 - t0, "driver_read_seconds": t1 - t0, "driver_route_seconds": t2 - t1,
                 "job_seconds": t3 - t2, "columns": len(routed.columns),
                 "rows": sum(d["rows"] for d in docs), "arrow_bytes": sum(d["arrow_bytes"] for d in docs),

@@ -98,11 +98,12 @@ def shuffle_bytes(spark, job_group: str) -> dict:
     return {"read": read, "written": written, "stages": stages}
 
 
-def stage_times(spark, job_group: str) -> list[dict]:
+def stage_times(spark, job_group: str, detail: bool = False) -> list[dict]:
     """Per Spark stage of the jobs tagged ``job_group``: its name, wall time (submission to completion),
     the tasks' run and CPU time, rows and bytes read from files and shuffles, bytes written to the
     shuffle. The stage that writes a shuffle from files is the input (read, normalise, route); the
-    one that reads it runs the operator."""
+    one that reads it runs the operator. ``detail``: also deserialisation, GC, shuffle records and
+    times, peak execution memory and spills (profiles, bench/scale)."""
     sc = spark.sparkContext
     tracker = sc.statusTracker()
     store = sc._jsc.sc().statusStore()
@@ -124,6 +125,16 @@ def stage_times(spark, job_group: str) -> list[dict]:
                         "shuffle_write_bytes": int(d.shuffleWriteBytes()),
                         "kind": "input" if int(d.shuffleWriteBytes()) and not int(d.shuffleReadBytes()) else
                         "operator" if int(d.shuffleReadBytes()) else "other"})
+            if detail:
+                out[-1].update({
+                    "deserialize_seconds": int(d.executorDeserializeTime()) / 1000,
+                    "gc_seconds": int(d.jvmGcTime()) / 1000,
+                    "shuffle_write_records": int(d.shuffleWriteRecords()),
+                    "shuffle_write_seconds": int(d.shuffleWriteTime()) / 1e9,
+                    "shuffle_read_records": int(d.shuffleReadRecords()),
+                    "shuffle_fetch_wait_seconds": int(d.shuffleFetchWaitTime()) / 1000,
+                    "peak_execution_memory": int(d.peakExecutionMemory()),
+                    "spilled_bytes": int(d.memoryBytesSpilled()), "disk_spilled_bytes": int(d.diskBytesSpilled())})
     return out
 
 
