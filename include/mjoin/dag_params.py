@@ -101,8 +101,9 @@ def spark_conf() -> dict:
     from .jvm import jar_path
 
     conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
-    if jar_path():
-        conf["spark.driver.extraClassPath"] = jar_path()
+    jar = jar_path()
+    if jar:
+        conf["spark.driver.extraClassPath"] = jar
     return conf
 
 

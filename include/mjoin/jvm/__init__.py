@@ -6,7 +6,8 @@ micro-batch; through Hadoop's local file system without its native library (pip'
 write forks ``chmod`` twice (the file and its checksum file), about 8 ms each here: ~30 ms of every
 micro-batch (bench/streaming). There is no library that fixes it (Hadoop's native library is not on PyPI
 or in Debian), so the class is written here; it overrides only how the temporary file is created and
-leaves the rename into place and every read to Spark (docs/engine.md, "Exactly-once and recovery").
+leaves the rename into place and every read to Spark (docs/engine.md, "Streaming: catch-up, per-micro-batch
+cost, sustained throughput").
 
 Built into ``mjoin-jvm.jar`` beside this file (ignored by git) with the JDK's ``javac`` against the
 installed PySpark's jars. Without a JDK (a JRE only, as in the cluster image) nothing is built and the
