@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyarrow import fs as pafs
@@ -97,17 +98,32 @@ def read_text(path) -> str:
     return read_bytes(path).decode()
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
+@contextmanager
+def atomic_output(path):
+    """An output stream for ``path`` that replaces it only when the block ends without an error: written
+    to a temporary name in the same folder, then renamed over the target (a failed write leaves no file)."""
     fs, p = resolve(path)
     parent = os.path.dirname(p)
     fs.create_dir(parent, recursive=True)
     tmp = f"{parent}/.{os.path.basename(p)}.{uuid.uuid4().hex}.tmp"
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
+    try:
+        with fs.open_output_stream(tmp) as f:
+            yield f
+    except BaseException:
+        try:
+            fs.delete_file(tmp)
+        except OSError:
+            pass
+        raise
     if isinstance(fs, pafs.LocalFileSystem):
         os.replace(tmp, p)  # atomic, and replaces an existing target
     else:
         fs.move(tmp, p)
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    with atomic_output(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path, text: str) -> None:

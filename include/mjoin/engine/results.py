@@ -17,9 +17,8 @@ def write_parquet(path: str, table: pa.Table, mtime_ms: int | None = None) -> No
     """Write ``table`` as one Parquet file, atomically (replaces an earlier attempt's file)."""
     import os
 
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    fsutil.atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    with fsutil.atomic_output(path) as sink:  # straight to the file: no copy of the encoded bytes in memory
+        pq.write_table(table, sink, compression="zstd")
     if mtime_ms is not None and not fsutil.is_url(path):
         os.utime(fsutil.resolve(path)[1], ns=(0, mtime_ms * 1_000_000))
 
