@@ -609,13 +609,14 @@ def warm_offset(query, tau: int) -> int:
     return -(-int(max(query.max_window, GateConfig().min_history * tau)) // tau)
 
 
-def sensitivity_section(spark, args, work: Path, workload: Path) -> dict:
-    """tau and L on the seed query: dppick's composed cost per cycle length (engine runs of the covering orders at
-    each tau) and per history length (the engine runs at the default tau, the loop re-run with another L)."""
+def sensitivity_section(spark, args, work: Path, workload: Path, query_name: str | None = SEED) -> dict:
+    """tau and L on the seed query (or a drift preset's workload, ``query_name`` None: its own query.yaml):
+    dppick's composed cost per cycle length (engine runs of the covering orders at each tau) and per history
+    length (the engine runs at the default tau, the loop re-run with another L)."""
     from mjoin.cycle_loop import covering_orders
 
-    query = spec_of(workload, SEED)
-    out = {"cycle": [], "length": [], "workload": str(workload), "limit_s": args.sens_limit}
+    query = spec_of(workload, query_name)
+    out = {"cycle": [], "length": [], "workload": str(workload), "query": query.name, "limit_s": args.sens_limit}
     orders = covering_orders(query.stream_names)
     spec = [tuple(query.stream_names)]
     strategies = ("fixed", "dppick", "oracle")
@@ -883,9 +884,15 @@ def run(args) -> dict:
                 result["overhead"]["per_period"] = po
             save()
         if "sensitivity" in args.sections:
-            wl = tpcds_workload(work, args.sf[0], args.duration)
+            if args.sens_preset:  # a drifting workload, where reacting sooner can pay
+                preset = args.sens_preset
+                wl = synthetic_workload(work, preset, args.drift_duration, args.drift_rate * DRIFT_RATE_FACTOR.get(
+                    preset, 1.0), args.drift_domain, args.drift_window)
+                qname = None
+            else:
+                wl, qname = tpcds_workload(work, args.sf[0], args.duration), SEED
             with Section("sensitivity", result.setdefault("sensitivity", {})):
-                result["sensitivity"].update(sensitivity_section(spark, args, work, wl))
+                result["sensitivity"].update(sensitivity_section(spark, args, work, wl, qname))
             save()
         if "drift" in args.sections:
             with Section("drift", result.setdefault("drift", {})):
@@ -951,6 +958,8 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", nargs="+", type=int, default=None)
     p.add_argument("--sens-limit", type=float, default=None, help="seconds of the replay for the sensitivity runs")
     p.add_argument("--sens-reps", type=int, default=None)
+    p.add_argument("--sens-preset", default=None, choices=DRIFT_PRESETS,
+                   help="run the sensitivity on this drift preset's workload (--drift-*) instead of the seed query")
     p.add_argument("--presets", nargs="+", default=None, choices=DRIFT_PRESETS)
     p.add_argument("--drift-duration", default=None)
     p.add_argument("--drift-rate", type=float, default=None, help="base rate per stream, tuples/s")
