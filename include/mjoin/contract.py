@@ -209,8 +209,15 @@ class FileFacts:
     #: why a row of the file can be quarantined by the engine's row rules (NULL key, a cast that fails, no usable
     #: event time), None: no row can, by the footer (:func:`row_rejects`); lateness is :meth:`rows_can_be_rejected`'s
     row_rejects: str | None = "not inspected"
-    ts_min_us: int | None = None  # the earliest event time in epoch micros by the footer (None: not known)
+    #: the footer's minimum of a plain event-time column: (value, Arrow type, kind), for :attr:`ts_min_us`
+    ts_min: tuple | None = field(default=None, repr=False)
     schema: pa.Schema | None = field(default=None, repr=False)
+
+    @property
+    def ts_min_us(self) -> int | None:
+        """The earliest event time in epoch micros by the footer (None: not known); converted when asked (a
+        pyarrow conversion is ~0.1 ms, a fifth of a footer check: only a streaming batch's lateness needs it)."""
+        return None if self.ts_min is None else _event_micros(*self.ts_min)
 
     def problem(self) -> tuple[str, str] | None:
         """``(rule, detail)`` of the first rule the file breaks, in the table's order (None: it passes)."""
@@ -267,19 +274,29 @@ def cast_can_fail(spec_type: str, arrow_type: pa.DataType, band: bool = False) -
     return ok is None or not ok(t)
 
 
-def _event_micros_range(lo, hi, arrow_type: pa.DataType, kind: str) -> tuple[int | None, int | None]:
-    """The engine's event time in epoch micros (:func:`mjoin.eventtime.micros_arrow`) of a footer's min and max
-    (None where not known or not convertible: a value whose time is unusable)."""
+def _event_micros(value, arrow_type: pa.DataType, kind: str) -> int | None:
+    """The engine's event time in epoch micros (:func:`mjoin.eventtime.micros_arrow`) of a footer's min or max
+    (None where not convertible: a value whose time is unusable)."""
     try:
         t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
-        us = micros_arrow(pa.array([lo, hi], type=t), kind).to_pylist()
+        return micros_arrow(pa.array([value], type=t), kind).to_pylist()[0]
     except (TypeError, ValueError, OverflowError, pa.ArrowException):
-        return None, None
-    return us[0], us[1]
+        return None
 
 
-def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> tuple[str | None, int | None]:
-    """``(why a row can be rejected or None, earliest event time in micros or None)`` of a file by its footer
+_SECONDS_MAX = np.iinfo(np.int64).max // 1_000_000  # epoch seconds whose micros fit a bigint (try_multiply)
+
+
+def _seconds_fit(lo, hi, arrow_type: pa.DataType, kind: str) -> bool:
+    """Whether every epoch-seconds value between a footer's min and max converts to micros (no overflow)."""
+    if kind == "int":
+        return isinstance(lo, int) and isinstance(hi, int) and -_SECONDS_MAX <= lo and hi <= _SECONDS_MAX
+    return _event_micros(lo, arrow_type, kind) is not None and _event_micros(hi, arrow_type, kind) is not None
+
+
+def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> tuple[str | None, tuple | None]:
+    """``(why a row can be rejected or None, (the event time's footer minimum, its Arrow type, kind) or None)`` of a
+    file by its footer
     (``stats``: :func:`_chunk_stats`): a key column (``stream.keys`` and the engine's ``band_columns``) with NULLs
     (``null_key``), a declared column whose cast can fail (:func:`cast_can_fail`, ``bad_type``), an event time that
     can be unusable (``bad_time``: NULLs, a string or expression, floats (a NaN is not in the statistics), epoch
@@ -315,9 +332,8 @@ def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> 
         if kind not in ("ts", "ts_ns", "date", "int", "decimal"):
             why.append(f"{et.column}: event time of kind {kind} can be unusable")
         elif entry is not None and entry[3] and entry[4] and entry[1] is not None:
-            lo, hi = _event_micros_range(entry[1], entry[2], t, kind)
-            ts_min = lo
-            if kind in ("int", "decimal") and (lo is None or hi is None):
+            ts_min = (entry[1], t, kind)
+            if kind in ("int", "decimal") and not _seconds_fit(entry[1], entry[2], t, kind):
                 why.append(f"{et.column}: event time overflows micros (footer min/max)")
         elif kind in ("int", "decimal"):
             why.append(f"{et.column}: no min/max in the footer")
@@ -349,7 +365,7 @@ def inspect(path: str, stream, size: int | None = None, band_columns=()) -> File
     if md.num_rows and nulls is not None and nulls == md.num_rows:
         out.no_event_time = f"all {md.num_rows} rows have a NULL event time ({plain})"
     if out.schema_problem is None and out.missing_keys is None:
-        out.row_rejects, out.ts_min_us = row_rejects(stream, schema, md, stats, band_columns)
+        out.row_rejects, out.ts_min = row_rejects(stream, schema, md, stats, band_columns)
     return out
 
 
