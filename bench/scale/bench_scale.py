@@ -12,7 +12,7 @@ Per size, two densities of the same tables (the seed query's windows are 5 minut
 - **sparse**: the replay lasts 1800 s, so a window holds about a sixth of it.
 
 Per (size, density), rounds in shuffled order (medians and spread): the interval run of the engine
-(``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``), spark-native over the same interval
+(``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``, on the Spark path: ``driver_rows=0``), spark-native over the same interval
 (up to ``--native-max-sf``, ``--native-rounds`` rounds (1: it is 10-50x slower), and only while a run
 finishes within ``--native-timeout``), and DuckDB
 (``COPY (<the tests' reference query>) TO parquet``: ``tests/engine_helpers.reference_sql``, the
