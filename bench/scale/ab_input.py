@@ -4,6 +4,9 @@ alternating processes (A B B A ...) on the same landed data, so that both see th
     MJOIN_CACHE=... python bench/scale/ab_input.py --base /tmp/base-tree --sf 1 --work /tmp/w
     flock /tmp/mjoin-bench.lock nice -n 0 .venv/bin/python bench/scale/ab_input.py --base <tree> --sf 1
 
+``--no-null-keys``: the rows with a NULL join key are dropped from the landed files first (TPC-DS's returns
+have them in every file, so on the benchmark's lake every file can reject a row); both trees read the same files.
+
 ``--base``: a checkout (``include/``, ``bench/``, ``tests/engine_helpers.py``) of the commit to compare
 against, e.g. ``git archive <commit> include bench tests/engine_helpers.py | tar -x -C <tree>``; the
 other tree is this one. Each process starts its own Spark session (``local[2]``, as ``bench_scale.py``),
@@ -115,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None)
     ap.add_argument("--driver-only", action="store_true",
                     help="time only the driver's part (read_interval, route_interval; no Spark job): under a minute")
+    ap.add_argument("--no-null-keys", action="store_true",
+                    help="first drop the rows with a NULL join key from the landed files (bench_scale.drop_null_keys): "
+                         "a lake where no row can be rejected")
     ap.add_argument("--tag", default="", help="added to the result file's name (input-ab[-driver]-<tag>-sf<sf>.json)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -130,6 +136,11 @@ def main(argv=None) -> int:
     import bench_scale as B
 
     trees = {"base": str(Path(args.base).resolve()), "new": str(HERE.parent.parent)}
+    dropped = {}
+    if args.no_null_keys:  # the workers find the landed folders made (and cleaned) here
+        for d in args.densities:
+            dropped[d] = B.drop_null_keys(B.workload(args.sf, d, Path(work))[0])
+        print(f"rows with NULL keys dropped: {dropped}", flush=True)
     order = []
     for _ in range(args.blocks):
         order += ["base", "new", "new", "base"]
@@ -163,7 +174,8 @@ def main(argv=None) -> int:
             for d in args.densities:
                 doc["summary"][t][d]["py4j_calls"] = statistics.median(r["py4j_calls"] for r in runs if r["density"] == d)
     doc["parameters"] = {"rounds_per_process": args.rounds, "tag": args.tag, "blocks": args.blocks, "densities": args.densities,
-                         "driver_only": args.driver_only,
+                         "driver_only": args.driver_only, "no_null_keys": args.no_null_keys,
+                         "null_key_rows_dropped": dropped,
                          "local": "local[2]", "buckets": 16, "cycle_seconds": B.CYCLE}
     path = HERE / "results" / f"input-ab{'-driver' if args.driver_only else ''}{'-' + args.tag if args.tag else ''}-sf{args.sf:g}.json"
     path.write_text(json.dumps(doc, indent=1, default=str))

@@ -12,7 +12,7 @@ Per size, two densities of the same tables (the seed query's windows are 5 minut
 - **sparse**: the replay lasts 1800 s, so a window holds about a sixth of it.
 
 Per (size, density), rounds in shuffled order (medians and spread): the interval run of the engine
-(``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``), spark-native over the same interval
+(``run_interval``, one plan, 30-s cycles, 16 buckets, ``local[2]``, on the Spark path: ``driver_rows=0``), spark-native over the same interval
 (up to ``--native-max-sf``, ``--native-rounds`` rounds (1: it is 10-50x slower), and only while a run
 finishes within ``--native-timeout``), and DuckDB
 (``COPY (<the tests' reference query>) TO parquet``: ``tests/engine_helpers.reference_sql``, the
@@ -123,6 +123,33 @@ def workload(sf: float, density: str, work: Path) -> tuple[Path, object]:
     return landed, load_manifest(str(wl))
 
 
+def drop_null_keys(landed: Path) -> dict:
+    """Rewrite the landed files of the query's streams without their rows with a NULL join key (TPC-DS's returns
+    have 1-4% of them in every file, so every file of the benchmark can reject a row): a lake where no row can be
+    rejected, for ``ab_input.py --no-null-keys``. Once per folder (a marker file). Returns source -> rows dropped."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from mjoin.lake import Lake
+    from mjoin.query import load_query
+
+    marker = landed / "no-null-keys.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    lake, dropped = Lake(str(landed)), {}
+    for s in load_query(QUERY).streams:
+        for path in lake.stream_files(s.source):
+            t = pq.read_table(path)
+            keep = pc.and_(*[t.column(k).is_valid() for k in s.keys]) if len(s.keys) > 1 else t.column(s.keys[0]).is_valid()
+            if pc.all(keep).as_py():
+                continue
+            kept = t.filter(keep)
+            dropped[s.source] = dropped.get(s.source, 0) + t.num_rows - kept.num_rows
+            pq.write_table(kept, path)
+    marker.write_text(json.dumps(dropped))
+    return dropped
+
+
 def run_mjoin(spark, landed: Path, out: Path, span) -> dict:
     from mjoin.engine import EngineConfig, result_fingerprint, run_interval
 
@@ -130,7 +157,7 @@ def run_mjoin(spark, landed: Path, out: Path, span) -> dict:
     with PeakRSS() as mem:
         t0 = time.perf_counter()
         s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out),
-                         config=EngineConfig(buckets=16))
+                         config=EngineConfig(buckets=16, driver_rows=0))
         wall = time.perf_counter() - t0
     stages = s.extra["phases"]["spark_stages"]
     phases = {"contract_checks_driver": s.extra["phases"]["contract_checks_driver"],
@@ -161,7 +188,7 @@ def run_native(spark, landed: Path, out: Path, span, timeout: float) -> dict:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
             s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out), engine="spark-native",
-                             config=EngineConfig(buckets=16))
+                             config=EngineConfig(buckets=16, driver_rows=0))
             wall = time.perf_counter() - t0
     except Exception as exc:  # cancelled at the timeout (or failed): recorded, not fatal
         return {"engine": "spark-native", "finished": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}",

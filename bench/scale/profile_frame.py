@@ -100,7 +100,9 @@ def widen(runner, routed):
     cols += [f"CAST(NULL AS {t}) AS {n}" for n, t in PARTIAL] + ["_hi"]
     cols += [f"CAST(CASE WHEN _s = {eq.index(s)} THEN {slot} END AS {types[name]}) AS `{name}`"
              for s in eq.streams for name, slot in of[s]]
-    return routed.selectExpr(*cols, *[n for n, _ in REJECT], *[c for c in ("_batch",) if c in routed.columns])
+    have = set(routed.columns)  # (a lake where no row can be rejected: routed without the reject columns)
+    rejects = [n if n in have else f"CAST(NULL AS {t}) AS {n}" for n, t in REJECT]
+    return routed.selectExpr(*cols, *rejects, *[c for c in ("_batch",) if c in have])
 
 
 def run_full(spark, landed: Path, out: Path, span, conf: dict | None = None) -> dict:

@@ -15,7 +15,9 @@ statistics), plus the bytes of a file whose size equals an earlier file's (conte
 | ``input.no_duplicate_files``  | ``duplicate_file`` | it repeats an earlier file of its stream: the same bytes, the same (non-positional) file name, or the same rows by the footer fingerprint |
 
 Rows of an accepted file can still be quarantined one by one (NULL key, unparseable event time,
-late): :mod:`mjoin.engine.normalize`.
+late): :mod:`mjoin.engine.normalize`. Whether any row of a file *can* be is a footer fact too
+(:func:`row_rejects`, conservative: "can" whenever the footer does not tell): where no file of a run
+can reject a row, the engine's Spark input path carries no reject columns.
 
 Duplicates are judged against :class:`Seen`, the files accepted before (the engine keeps it with
 its state, so it survives restarts; the gate fills it from the interval and its lookback).
@@ -33,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import fsutil
+from .eventtime import arrow_kind, micros_arrow
 from .pools import shared_pool
 
 #: rule -> quarantine reason (what the engine's metrics count, per stream and batch)
@@ -203,7 +206,18 @@ class FileFacts:
     missing_keys: str | None = None
     no_event_time: str | None = None
     ts_max: float | None = None  # epoch seconds, from the footer (None: not known)
+    #: why a row of the file can be quarantined by the engine's row rules (NULL key, a cast that fails, no usable
+    #: event time), None: no row can, by the footer (:func:`row_rejects`); lateness is :meth:`rows_can_be_rejected`'s
+    row_rejects: str | None = "not inspected"
+    #: the footer's minimum of a plain event-time column: (value, Arrow type, kind), for :attr:`ts_min_us`
+    ts_min: tuple | None = field(default=None, repr=False)
     schema: pa.Schema | None = field(default=None, repr=False)
+
+    @property
+    def ts_min_us(self) -> int | None:
+        """The earliest event time in epoch micros by the footer (None: not known); converted when asked (a
+        pyarrow conversion is ~0.1 ms, a fifth of a footer check: only a streaming batch's lateness needs it)."""
+        return None if self.ts_min is None else _event_micros(*self.ts_min)
 
     def problem(self) -> tuple[str, str] | None:
         """``(rule, detail)`` of the first rule the file breaks, in the table's order (None: it passes)."""
@@ -217,9 +231,118 @@ class FileFacts:
             return "input.event_time_parseable", self.no_event_time
         return None
 
+    def rows_can_be_rejected(self, late_before: int | None = None) -> str | None:
+        """Why a row of this (accepted) file can be quarantined, None if none can: :attr:`row_rejects`, or, with a
+        watermark (``late_before``, epoch micros: rows before it are ``late``), an earliest event time not after it
+        (by 1 us: a footer's nanosecond minimum is truncated)."""
+        if self.rows == 0:
+            return None
+        if self.row_rejects:
+            return self.row_rejects
+        if late_before is not None and (self.ts_min_us is None or self.ts_min_us <= late_before):
+            return "rows may be before the watermark (late)" if self.ts_min_us is None else \
+                f"earliest event time {self.ts_min_us} us is before the watermark {late_before} us (late)"
+        return None
 
-def inspect(path: str, stream, size: int | None = None) -> FileFacts:
-    """Footer, schema and the file-level rules of one landed file of ``stream`` (a query spec stream)."""
+
+# ---- can a row be rejected? -------------------------------------------------------------------
+
+_NEVER_FAILS = {  # spec type -> Arrow types whose every value the engine's cast converts (mjoin.engine.normalize)
+    "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+    "double": pa.types.is_floating,
+    "float": lambda t: pa.types.is_floating(t) and t.bit_width <= 32,
+    "boolean": pa.types.is_boolean,
+    "date": pa.types.is_date,
+    "timestamp": pa.types.is_timestamp,
+}
+
+
+def cast_can_fail(spec_type: str, arrow_type: pa.DataType, band: bool = False) -> bool:
+    """Whether the engine's cast of a column of ``arrow_type`` to ``spec_type`` (a key to bigint, a payload column
+    to its type) can give NULL for a value that is not NULL (``bad_type``): never for integers into an integral
+    type at least as wide, for the same type, or for a decimal into one of the same scale and no smaller precision;
+    a ``band`` column (scaled to integer units) only when it is an integer. Anything else: it can (conservative)."""
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    if spec_type in _INT_BITS:
+        return not (pa.types.is_integer(t) and t.bit_width + pa.types.is_unsigned_integer(t) <= _INT_BITS[spec_type])
+    if band:
+        return True
+    if spec_type.startswith("decimal("):
+        p, s = (int(x) for x in spec_type[len("decimal("):-1].split(","))
+        return not (pa.types.is_decimal(t) and t.scale == s and t.precision <= p)
+    ok = _NEVER_FAILS.get(spec_type)
+    return ok is None or not ok(t)
+
+
+def _event_micros(value, arrow_type: pa.DataType, kind: str) -> int | None:
+    """The engine's event time in epoch micros (:func:`mjoin.eventtime.micros_arrow`) of a footer's min or max
+    (None where not convertible: a value whose time is unusable)."""
+    try:
+        t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+        return micros_arrow(pa.array([value], type=t), kind).to_pylist()[0]
+    except (TypeError, ValueError, OverflowError, pa.ArrowException):
+        return None
+
+
+_SECONDS_MAX = np.iinfo(np.int64).max // 1_000_000  # epoch seconds whose micros fit a bigint (try_multiply)
+
+
+def _seconds_fit(lo, hi, arrow_type: pa.DataType, kind: str) -> bool:
+    """Whether every epoch-seconds value between a footer's min and max converts to micros (no overflow)."""
+    if kind == "int":
+        return isinstance(lo, int) and isinstance(hi, int) and -_SECONDS_MAX <= lo and hi <= _SECONDS_MAX
+    return _event_micros(lo, arrow_type, kind) is not None and _event_micros(hi, arrow_type, kind) is not None
+
+
+def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> tuple[str | None, tuple | None]:
+    """``(why a row can be rejected or None, (the event time's footer minimum, its Arrow type, kind) or None)`` of a
+    file by its footer
+    (``stats``: :func:`_chunk_stats`): a key column (``stream.keys`` and the engine's ``band_columns``) with NULLs
+    (``null_key``), a declared column whose cast can fail (:func:`cast_can_fail`, ``bad_type``), an event time that
+    can be unusable (``bad_time``: NULLs, a string or expression, floats (a NaN is not in the statistics), epoch
+    seconds whose micros overflow by the footer's min/max). Unknown (no statistics) counts as "can"."""
+    if md.num_rows == 0:
+        return None, None
+    why: list = []
+    names = set(schema.names)
+
+    def nulls(col):
+        entry = stats.get(col)
+        return entry[0] if entry is not None and entry[3] else None
+
+    for col in dict.fromkeys(list(stream.keys) + list(band_columns)):
+        n = nulls(col) if col in names else None
+        if n is None:
+            why.append(f"{col}: no NULL count in the footer")
+        elif n:
+            why.append(f"{col}: {n} NULL key(s)")
+    for col, spec_type in stream.columns.items():
+        if col in names and cast_can_fail(spec_type, schema.field(col).type, band=col in band_columns):
+            why.append(f"{col}: {schema.field(col).type} to {spec_type} can fail")
+    et, ts_min = stream.event_time, None
+    if et.expr is not None or et.format is not None:
+        why.append("event time from an expression or a pattern")
+    elif et.column not in names:
+        why.append(f"no event-time column {et.column}")
+    else:
+        t = schema.field(et.column).type
+        kind, n, entry = arrow_kind(t), nulls(et.column), stats.get(et.column)
+        if n is None or n:
+            why.append(f"{et.column}: " + ("no NULL count in the footer" if n is None else f"{n} NULL event time(s)"))
+        if kind not in ("ts", "ts_ns", "date", "int", "decimal"):
+            why.append(f"{et.column}: event time of kind {kind} can be unusable")
+        elif entry is not None and entry[3] and entry[4] and entry[1] is not None:
+            ts_min = (entry[1], t, kind)
+            if kind in ("int", "decimal") and not _seconds_fit(entry[1], entry[2], t, kind):
+                why.append(f"{et.column}: event time overflows micros (footer min/max)")
+        elif kind in ("int", "decimal"):
+            why.append(f"{et.column}: no min/max in the footer")
+    return ("; ".join(why) or None), ts_min
+
+
+def inspect(path: str, stream, size: int | None = None, band_columns=()) -> FileFacts:
+    """Footer, schema and the file-level rules of one landed file of ``stream`` (a query spec stream), and whether
+    a row of it can be rejected (:func:`row_rejects`; ``band_columns``: columns the engine keys a band class on)."""
     out = FileFacts(path=path, stream=stream.name, size=size)
     fs, p = fsutil.resolve(path)
     try:
@@ -241,11 +364,13 @@ def inspect(path: str, stream, size: int | None = None) -> FileFacts:
     out.ts_max = ts_max if et.format is None else None
     if md.num_rows and nulls is not None and nulls == md.num_rows:
         out.no_event_time = f"all {md.num_rows} rows have a NULL event time ({plain})"
+    if out.schema_problem is None and out.missing_keys is None:
+        out.row_rejects, out.ts_min = row_rejects(stream, schema, md, stats, band_columns)
     return out
 
 
 def inspect_all(items, threads: int | None = None) -> list[FileFacts]:
-    """:func:`inspect` of ``[(path, stream, size or None), ...]`` with a few threads, in the order given.
+    """:func:`inspect` of ``[(path, stream, size or None[, band columns]), ...]`` with a few threads, in the order given.
     ``threads`` by default: 8 when a file is remote (on HDFS or S3 a footer read waits tens of milliseconds),
     else none (a local footer is Python work under the GIL: 720 files took 346 ms in this thread, 369 ms on
     2 threads and 377 ms on 8, medians of 8)."""

@@ -19,7 +19,9 @@ its stream's names once per (bucket, stream), by renaming columns (:func:`delta_
 Two layouts of this one frame: :func:`input_ddl`, what stage 1 gets (deltas, ticks, rejects,
 punctuations: no partial-result columns), the rows that cross the one shuffle of a batch or an
 interval; :func:`frame_ddl`, all of it (later stages, where partial results meet the deltas
-replayed into their class). Every input-layout column is a frame column of the same type.
+replayed into their class). Every input-layout column is a frame column of the same type. When no
+row of a run's (or batch's) files can be rejected (their footers say so: :mod:`mjoin.contract`),
+the input layout leaves out the three reject columns (``input_ddl(eq, rejects=False)``).
 """
 from __future__ import annotations
 
@@ -61,9 +63,12 @@ def delta_columns(eq: EngineQuery, stream: str) -> list[str]:
     return ["_ts"] + [key_name(c) for c in eq.stream_classes[stream]] + [slot for _, slot in payload_slots(eq)[1][stream]]
 
 
-def input_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
-    """Stage 1's rows (what crosses the input shuffle): deltas, ticks, rejected rows, punctuations."""
-    return list(META) + [(key_name(c), "bigint") for c in eq.classes] + payload_slots(eq)[0] + list(HI) + list(REJECT)
+def input_ddl(eq: EngineQuery, rejects: bool = True) -> list[tuple[str, str]]:
+    """Stage 1's rows (what crosses the input shuffle): deltas, ticks, rejected rows, punctuations. ``rejects``
+    False: without the reject columns, for the rows of files none of whose rows can be rejected (the operator
+    reads them only from rejected rows, ``_kind`` 3, which then do not exist)."""
+    return (list(META) + [(key_name(c), "bigint") for c in eq.classes] + payload_slots(eq)[0] + list(HI)
+            + (list(REJECT) if rejects else []))
 
 
 def frame_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
@@ -88,8 +93,8 @@ def spark_frame_schema(eq: EngineQuery):
     return spark_schema(frame_ddl(eq))
 
 
-def spark_input_schema(eq: EngineQuery):
-    return spark_schema(input_ddl(eq))
+def spark_input_schema(eq: EngineQuery, rejects: bool = True):
+    return spark_schema(input_ddl(eq, rejects))
 
 
 def _arrow_type(sql: str) -> pa.DataType:
@@ -112,8 +117,8 @@ def arrow_frame_schema(eq: EngineQuery) -> pa.Schema:
     return arrow_schema(frame_ddl(eq))
 
 
-def arrow_input_schema(eq: EngineQuery) -> pa.Schema:
-    return arrow_schema(input_ddl(eq))
+def arrow_input_schema(eq: EngineQuery, rejects: bool = True) -> pa.Schema:
+    return arrow_schema(input_ddl(eq, rejects))
 
 
 def arrow_result_schema(eq: EngineQuery) -> pa.Schema:

@@ -97,7 +97,9 @@ class IntervalInput:
     def valid(self):
         from pyspark.sql import functions as F
 
-        return None if self.frame is None else self.frame.where(F.col("_reason").isNull())
+        if self.frame is None or "_reason" not in self.frame.columns:  # no row can be rejected (normalize_streams)
+            return self.frame
+        return self.frame.where(F.col("_reason").isNull())
 
     def rejected_counts(self) -> dict:
         """batch -> stream -> reason -> rows rejected (one Spark job; the engine's tasks report these
@@ -105,7 +107,7 @@ class IntervalInput:
         from pyspark.sql import functions as F
 
         counts: dict = {}
-        if self.frame is not None:
+        if self.frame is not None and "_reason" in self.frame.columns:
             for r in self.frame.where(F.col("_reason").isNotNull()).groupBy("_batch", "_s", "_reason").count().collect():
                 counts.setdefault(r["_batch"], {}).setdefault(self.streams[r["_s"]], {})[r["_reason"]] = r["count"]
         add_counts(counts.setdefault(1, {}), self.file_counts())
@@ -197,19 +199,20 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
 
     from .compiled import key_name
 
-    routed = runner.ticks(list(range(0, data.n_batches + 1)))
+    rejects = data.frame is None or "_reason" in data.frame.columns  # else no reject columns (normalize_streams)
+    routed = runner.ticks(list(range(0, data.n_batches + 1)), rejects=rejects)
     if data.frame is not None:
         routed = runner.route_frame(data.frame, keep=("_batch",)).unionByName(routed)
     if data.punctuations:
         batch = {path: b for path, _, _, b in data.punctuations}
+        spark_layout, arrow_layout = runner.input_layout(rejects)
         rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
-                                        runner.config.buckets, runner.arrow_input_schema,
-                                        batch_of=lambda path, arrival: batch[path])
+                                        runner.config.buckets, arrow_layout, batch_of=lambda path, arrival: batch[path])
         data.rejects += bad
         if rows is not None:
             from pyspark.sql.types import IntegerType, StructField, StructType
 
-            schema = StructType(list(runner.input_schema.fields) + [StructField("_batch", IntegerType(), True)])
+            schema = StructType(list(spark_layout.fields) + [StructField("_batch", IntegerType(), True)])
             routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
     key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
     return runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key))

@@ -76,6 +76,17 @@ class Inspected:
     rejects: list = field(default_factory=list)
     rows: int = 0  # rows of the accepted files (footers)
     ts_max: dict = field(default_factory=dict)  # (stream, path) -> latest event time by the footer, every file
+    accepted: dict = field(default_factory=dict)  # (stream, path) -> contract.FileFacts of the accepted files
+
+    def can_reject(self, stream: str, paths, late_before: int | None = None) -> bool:
+        """Whether a row of one of the accepted ``paths`` of ``stream`` can be quarantined (a row rule of
+        :func:`normalize_group`; ``late_before``: the watermark, if rows before it are late), by the footers:
+        :meth:`mjoin.contract.FileFacts.rows_can_be_rejected` (a file not inspected here: it can)."""
+        for p in paths:
+            facts = self.accepted.get((stream, p))
+            if facts is None or facts.rows_can_be_rejected(late_before):
+                return True
+        return False
 
 
 def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.Seen | None = None) -> Inspected:
@@ -83,7 +94,8 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.See
     in arrival order); ``seen``: the files accepted before (duplicates of them are rejected; the files
     accepted here are added to it)."""
     out = Inspected()
-    items = [(path, query.stream(name), None) for name, files in stream_files.items() for path in files]
+    bands = {name: tuple(eq.key_columns[(name, c)] for c in eq.stream_classes[name] if eq.is_band(c)) for name in stream_files}
+    items = [(path, query.stream(name), None, bands[name]) for name, files in stream_files.items() for path in files]
     unread_of: dict = {}  # (stream, declared columns' types) -> the columns Spark does not read (once per schema)
     for facts in contract.inspect_all(items):
         out.ts_max[(facts.stream, facts.path)] = facts.ts_max
@@ -110,6 +122,7 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.See
         sig = tuple((c, str(facts.schema.field(c).type)) for c in sorted(stream.columns))
         entry = out.groups.setdefault((facts.stream, sig), (facts.schema, []))
         entry[1].append(facts.path)
+        out.accepted[(facts.stream, facts.path)] = facts
         out.rows += facts.rows or 0
     return out
 
@@ -197,10 +210,12 @@ def _event_micros(stream, schema: pa.Schema, src) -> str:
 
 
 def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.Schema, paths: list,
-                    late_before: int | None = None):
-    """(frame rows with ``_reason``, raw rows for the quarantine) of one group of same-schema files: one
-    SQL projection over one read (built as text and handed to Spark in one call: per-column ``F.expr``
-    objects cost a py4j round trip each, ~0.3 s of a run's driver time)."""
+                    late_before: int | None = None, rejects: bool = True):
+    """Frame rows of one group of same-schema files with ``_reason`` (null: valid) and, for rejected rows,
+    ``_file`` and ``_raw``: one SQL projection over one read (built as text and handed to Spark in one call:
+    per-column ``F.expr`` objects cost a py4j round trip each, ~0.3 s of a run's driver time). ``rejects``
+    False: no row of these files can be rejected (their footers, :meth:`Inspected.can_reject`), so the rows
+    carry none of the three reject columns."""
     stream = query.stream(stream_name)
     src = read_files(spark, read_schema(schema, list(stream.columns)), paths)
     ts_sql = _event_micros(stream, schema, src)
@@ -217,6 +232,8 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
         expr = _as_type(col, _kind(schema.field(col).type), spec_type)
         cols.append(f"{expr} AS {_q(payload_name(stream_name, col))}")
         bad_type.append(f"({_q(col)} IS NOT NULL AND {expr} IS NULL)")
+    if not rejects:
+        return src.selectExpr(*cols)
     reason = (f"CASE WHEN {' OR '.join(null_key)} THEN 'null_key' WHEN {' OR '.join(bad_type)} THEN 'bad_type' "
               f"WHEN ({ts_sql}) IS NULL THEN 'bad_time' ")
     if late_before is not None:
@@ -230,10 +247,15 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
 
 def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None):
     """Frame rows of every accepted file, with ``_reason`` (null: valid) and, for rejected rows,
-    ``_file`` and ``_raw`` (the row as JSON) for the quarantine; None when there is no file."""
+    ``_file`` and ``_raw`` (the row as JSON) for the quarantine; None when there is no file.
+
+    When no row of any file can be rejected by the footers (:meth:`Inspected.can_reject`), the frame has no
+    ``_reason``/``_file``/``_raw`` at all (so they never cross the input shuffle: ``BatchRunner.route_frame``);
+    a group of such files among others gets them as NULLs (the union) without computing them."""
     frame = None
     for (name, _sig), (schema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
-        norm = normalize_group(spark, query, eq, name, schema, paths, late_before)
+        norm = normalize_group(spark, query, eq, name, schema, paths, late_before,
+                               rejects=inspected.can_reject(name, paths, late_before))
         frame = norm if frame is None else frame.unionByName(norm, allowMissingColumns=True)
     return frame
 
