@@ -71,7 +71,8 @@ class EngineConfig:
     psp_slices: int = 4
     #: streaming: a micro-batch whose committed state plus new rows hold at most this many tuples runs on
     #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small
-    #: batch); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
+    #: batch); so does a single-plan interval run whose accepted files hold at most this many rows (by
+    #: their footers); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
     driver_rows: int = 1_000_000
     #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
     #: would split them over tasks (0: the driver's cores, at most 4)
