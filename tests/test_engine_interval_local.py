@@ -175,6 +175,8 @@ def test_driver_rows_bound_and_unsupported_streams_keep_spark(spark, seed_query,
     off = read_interval(*args, driver_rows=0)
     assert at.local is not None and at.frame is None and at.local.num_rows > 0
     assert below.local is None and below.frame is not None and off.local is None
+    with pytest.raises(ValueError, match="interval_driver_rows"):
+        EngineConfig(interval_driver_rows=-1)
     # an event time Spark computes (a Spark SQL expression): never on the driver
     spec = seed_query.to_spec()
     spec["streams"][0] = dict(spec["streams"][0], event_time={"expr": "ts"})

@@ -12,7 +12,7 @@ after batch with the state in memory, so that the measured time is the operator'
 work and not Spark's per-job overhead (which hid the order in the first benchmark).
 ``pipelined=False`` runs one job per batch, exactly as streaming does.
 
-A small interval (one plan, at most ``EngineConfig.driver_rows`` accepted rows by the files' footers) runs
+A small interval (one plan, at most ``EngineConfig.interval_driver_rows`` accepted rows by the footers) runs
 on the driver instead (:func:`run_fused`): the same rows, batches, routing and task function, read with
 pyarrow and run on threads, no Spark job (Spark's fixed cost per job and per stage is most of a small
 interval's time).
@@ -357,16 +357,17 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     warm-up and every cycle in the operator's tasks, the state kept in their memory. Nothing is cached
     between jobs unless the plan changes attribute class (a further stage replays the deltas).
 
-    Small intervals on the driver: when the accepted files hold at most ``config.driver_rows`` rows (by
-    their footers, before reading; > 0) and the driver reads their streams as Spark would
-    (:func:`local_supported`), the same rows are read, batched and routed on the driver (pyarrow, numpy)
-    and :meth:`BatchRunner.run_pipelined` runs the same task function on threads: no Spark job
-    (``extra.execution = "fused-driver"``). ``driver_rows = 0``: always Spark."""
+    Small intervals on the driver: when the accepted files hold at most ``config.driver_rows`` and
+    ``config.interval_driver_rows`` rows (by their footers, before reading; both > 0) and the driver
+    reads their streams as Spark would (:func:`local_supported`), the same rows are read, batched and
+    routed on the driver (pyarrow, numpy) and :meth:`BatchRunner.run_pipelined` runs the same task
+    function on threads: no Spark job (``extra.execution = "fused-driver"``). Either at 0: always Spark."""
     from pyspark import StorageLevel
 
     t_run = time.perf_counter()
+    cfg = runner.config
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle,
-                         driver_rows=runner.config.driver_rows)
+                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows))
     local = data.local is not None
     t0 = time.perf_counter()
     routed = route_interval(runner, data)
