@@ -71,7 +71,9 @@ def test_all_24_fixed_orders_equal_duckdb(spark, tpcds_lake, seed_query, seed_re
 def test_default_plan_and_metrics_record(spark, tpcds_lake, seed_query, seed_reference, tmp_path):
     lake, info = tpcds_lake
     out = str(tmp_path / "out")
-    s = run_interval(spark, seed_query, None, lake, START, info["end"] + 1, CYCLE, out)
+    # driver_rows=0: this test is about the Spark job's record (its stages); a run this small would otherwise
+    # run on the driver (tests/test_engine_interval_local.py compares the two)
+    s = run_interval(spark, seed_query, None, lake, START, info["end"] + 1, CYCLE, out, config=EngineConfig(driver_rows=0))
     assert_same_results(read_results(out, seed_query.name), seed_reference, "default plan")
     records = read_metrics(Lake(out), seed_query.name)
     assert len(records) == s.batches == 2
@@ -224,7 +226,8 @@ def test_batch_physical_plan_has_no_join_and_one_bucket_exchange(spark, syntheti
     try:
         perm = ["s2", "s0", "s3", "s1"]
         runs = {mode: run_interval(spark, q, _fixed(q, perm), lake, SYN_START, SYN_END, SYN_CYCLE,
-                                   str(tmp_path / mode), config=EngineConfig(buckets=2, shuffle_partitions=3),
+                                   str(tmp_path / mode),  # driver_rows=0: about Spark's plan, never the driver
+                                   config=EngineConfig(buckets=2, shuffle_partitions=3, driver_rows=0),
                                    pipelined=mode == "pipelined")
                 for mode in ("pipelined", "per-batch")}
         for k in keys:

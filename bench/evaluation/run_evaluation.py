@@ -676,7 +676,11 @@ def peer_case(args, label, workload: Path, query, plan, work: Path) -> dict:
     doc["input_tuples"] = sum(c["rows"] for c in copies.values())
     plan_path = work / "plan.json"
     plan.save(str(plan_path))
-    systems = [("mjoin", {"engine": "mjoin", "cycle": args.cycle}), ("mjoin-60s", {"engine": "mjoin", "cycle": 60}),
+    # mjoin: the default (an interval this small runs on the driver, no Spark job: EngineConfig.driver_rows);
+    # mjoin-spark: the same run forced onto Spark jobs (driver_rows=0), to show both paths side by side
+    systems = [("mjoin", {"engine": "mjoin", "cycle": args.cycle}),
+               ("mjoin-spark", {"engine": "mjoin", "cycle": args.cycle, "driver_rows": 0}),
+               ("mjoin-60s", {"engine": "mjoin", "cycle": 60}),
                ("spark-native", {"engine": "spark-native", "cycle": 60})]
     for name, opts in systems:
         if name == "spark-native" and args.no_native:
@@ -736,7 +740,7 @@ def _peer_summary(res: dict, tuples: int) -> dict:
     return {"seconds": s, "throughput_tuples_per_s": tuples / s["median"], "result_rows": ok[0]["result_rows"],
             "fingerprint": ok[0]["fingerprint"], "fingerprints_agree": len({json.dumps(r["fingerprint"]) for r in ok}) == 1,
             "peak_rss_bytes": res.get("peak_rss_bytes"), "warmup_seconds": res.get("warmup_seconds"),
-            "state_tuples": ok[0].get("state_tuples"), "runs": ok}
+            "state_tuples": ok[0].get("state_tuples"), "execution": ok[0].get("execution"), "runs": ok}
 
 
 def _subprocess_peer(job: dict, path: Path) -> dict:
@@ -790,7 +794,7 @@ def peer_job(path: str) -> int:
 
         spark = get_spark("mjoin-eval-peer", Resources(spark_master="local[2]", shuffle_partitions=4))
         plan = load_plan(job["plan"], query) if job["engine"] == "mjoin" else None
-        cfg = EngineConfig(buckets=4)
+        cfg = EngineConfig(buckets=4, **({"driver_rows": int(job["driver_rows"])} if "driver_rows" in job else {}))
         t = time.perf_counter()
         run_interval(spark, query, plan, job["lake"], job["start"], job["start"] + 2 * job["cycle"], job["cycle"],
                      job["out"] + "-warmup", engine=job["engine"], config=cfg)
@@ -801,14 +805,19 @@ def peer_job(path: str) -> int:
                 s = run_interval(spark, query, plan, job["lake"], job["start"], job["end"], job["cycle"],
                                  job["out"], engine=job["engine"], config=cfg)
                 secs = time.perf_counter() - t
+                more = {}
                 if job["engine"] == "mjoin":
                     recs = read_metrics(s.metrics_path)
                     state = max((sum(x["state_tuples"].values()) for x in recs), default=0)
+                    # where it ran ("fused-driver": no Spark job; "fused": one Spark job per stage) and its phases
+                    more = {"execution": s.extra.get("execution"), "where": s.extra.get("where"),
+                            "phases": {k: v for k, v in s.extra.get("phases", {}).items() if k != "spark_stages"}}
                 else:
                     state = s.extra.get("max_state_tuples")
                 res["runs"].append({"seconds": secs, "batch_seconds": s.batch_seconds, "prepare_seconds":
                                     s.prepare_seconds, "result_rows": s.result_rows, "state_tuples": state,
-                                    "cycle_s": job["cycle"], "fingerprint": result_fingerprint(s.results_path)})
+                                    "cycle_s": job["cycle"], "fingerprint": result_fingerprint(s.results_path),
+                                    **more})
         spark.stop()
     res["peak_rss_bytes"] = rss.peak
     print("PEER_RESULT " + json.dumps(res, default=str))

@@ -44,14 +44,15 @@ def add_arguments(p):
     s.add_argument("--timeout", type=float, help="stop a processingTime run after this many seconds")
     s.add_argument("--namespace", default="", help="lake namespace for outputs (e.g. eval/run1)")
     s.add_argument("--max-files-per-trigger", type=int, help="at most this many landed files per micro-batch")
-    s.add_argument("--driver-rows", type=int, default=1_000_000, metavar="N",
-                   help="run a micro-batch on the driver (no Spark job) while its state plus new rows hold at most "
-                        "N tuples (default 1000000; 0: always on the executors)")
     s.add_argument("--idle-timeout", type=_idle_timeout, metavar="SECONDS|never",
                    help="a stream whose event time lags the leading stream's by more than this is idle: the "
                         "job's watermark does not wait for it (default: the query's largest window)")
     e = p.add_argument_group("engine")
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
+    e.add_argument("--driver-rows", type=int, default=1_000_000, metavar="N",
+                   help="run on the driver (no Spark job) a micro-batch whose state plus new rows hold at most N "
+                        "tuples, and an interval whose accepted files hold at most min(N, 100000) rows "
+                        "(EngineConfig.interval_driver_rows) (default 1000000; 0: always on the executors)")
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
     e.add_argument("--psp-slices", default="auto", metavar="N|auto",
                    help="slices of the state of streams joined by a band alone (PSP; fixed for the life of a state). "

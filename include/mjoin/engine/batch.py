@@ -220,11 +220,14 @@ def slice_of(ts: np.ndarray, key: np.ndarray, slices: int) -> np.ndarray:
     return ((h >> np.uint64(33)) % np.uint64(slices)).astype(np.int64)
 
 
-def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4) -> pa.Table:
+def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4,
+                batches: list | None = None) -> pa.Table:
     """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
     attribute class of its stream with its key's bucket (in a band class: in every time slice, kept in its
     own), a rejected row once (``_kind`` 3), one tick row per (class, bucket). ``table``: rows in the input
-    layout (:func:`mjoin.engine.normalize.normalize_local`); ``schema``: the Arrow input schema."""
+    layout (:func:`mjoin.engine.normalize.normalize_local`); ``schema``: the Arrow input schema.
+    ``batches``: an interval's batch ids (:meth:`BatchRunner.ticks`): ``table`` has a column ``_batch``
+    (int32, kept), and the ticks are one row per (class, bucket) per batch."""
     parts = []
     if table is not None and table.num_rows:
         ok = np.asarray(table.column("_reason").is_null().to_numpy(zero_copy_only=False), dtype=bool)
@@ -258,10 +261,15 @@ def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, sli
             parts.append(part)
     pairs = np.array([(ci, b) for ci, c in enumerate(eq.classes) for b in range(slices if eq.is_band(c) else buckets)],
                      dtype=np.int32).reshape(-1, 2)
+    if batches is not None:
+        bids = np.repeat(np.asarray(batches, dtype=np.int32), len(pairs))
+        pairs = np.tile(pairs, (len(batches), 1))
     n = len(pairs)
     tick = {"_kind": pa.array(np.zeros(n, np.int8)), "_c": pa.array(pairs[:, 0]), "_b": pa.array(pairs[:, 1])}
-    parts.append(pa.table([tick[f.name] if f.name in tick else pa.nulls(n, f.type) for f in schema], schema=schema))
-    return pa.concat_tables(parts)
+    ticks = pa.table([tick[f.name] if f.name in tick else pa.nulls(n, f.type) for f in schema], schema=schema)
+    if batches is not None:
+        ticks = ticks.append_column(pa.field("_batch", pa.int32()), pa.array(bids))
+    return pa.concat_tables(parts + [ticks])
 
 
 def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
@@ -780,17 +788,21 @@ class BatchRunner:
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first, run_stage, next_input)
 
-    # ---- every batch of an interval, one Spark job per stage ----------------------------------------
+    # ---- every batch of an interval: one Spark job per stage, or on the driver ------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
                       extras: dict | None = None, write_metrics: bool = True, warmup: int | None = None) -> list:
-        """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage.
+        """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage, or on
+        the driver.
 
-        ``routed``: their stage-1 rows with column ``_batch``, partitioned by ``(_c, _b)`` and sorted by
-        ``_batch`` within partitions (what :func:`mjoin.engine.interval.prepare_interval` caches);
+        ``routed``: their stage-1 rows with column ``_batch``: a Spark DataFrame partitioned by ``(_c, _b)``
+        and sorted by ``_batch`` within partitions (what :func:`mjoin.engine.interval.prepare_interval`
+        caches), or an Arrow table sorted by ``_batch`` (:func:`mjoin.engine.interval.route_interval` on the
+        driver): then every stage runs on the driver with the same task function, no Spark job
+        (:meth:`_pipelined_local`, as :meth:`run` picks :meth:`_run_local`);
         ``inputs``: batch -> :class:`BatchInput` (counts); ``purge_bounds``: batch -> purge bound.
-        Returns one metrics record per batch, as :meth:`run` would, except that the Spark time is
-        measured per job: each batch's ``wall_seconds`` (and stage times) is the run's wall time
-        apportioned by the batch's share of the task time (``execution`` holds the exact totals).
+        Returns one metrics record per batch, as :meth:`run` would, except that the time is measured per
+        stage: each batch's ``wall_seconds`` (and stage times) is the run's wall time apportioned by the
+        batch's share of the task time (``execution`` holds the exact totals).
         ``warmup``: a batch that only builds the state (emits nothing; no metrics file is written for
         it, its record is returned first)."""
         spark, eq, cfg = self.spark, self.eq, self.config
@@ -801,8 +813,10 @@ class BatchRunner:
             raise ValueError(f"pipelined batches must be consecutive, got {batches}")
         started = datetime.now(timezone.utc)
         t_run = time.perf_counter()
+        local = isinstance(routed, pa.Table)
         group = f"mjoin-{eq.name}-{self.mode}-{first}-{last}-{time.time_ns()}"
-        spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batches {first}..{last}", interruptOnCancel=False)
+        if not local:
+            spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batches {first}..{last}", interruptOnCancel=False)
         latest = self.store.latest()
         if latest is not None and latest["version"] >= first:
             raise EngineError(f"the state of {eq.name} is at batch {latest['version']}, not before batch {first}")
@@ -820,6 +834,7 @@ class BatchRunner:
                             punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold,
                             psp_slices=cfg.psp_slices)
         conf = self.conf()
+        run_stage, next_input = (self._pipelined_local if local else self._pipelined_spark)(routed)
         docs, final, stage_seconds, physical = [], [], {}, {}
         stage_input, stage = routed, 1
         while True:
@@ -827,11 +842,9 @@ class BatchRunner:
             fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, self.results_root, tmp,
                                  cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
                                  self.quarantine_root, warmup)
-            mapped = stage_input.mapInArrow(fn, "doc string")
-            physical[f"stage{stage}"] = physical_info(mapped)
+            got, physical[f"stage{stage}"] = run_stage(fn, stage_input)
             stage_docs = []
-            for r in mapped.collect():
-                d = json.loads(r.doc)
+            for d in got:
                 if "final_state" in d:
                     final.append(d)
                 elif "rejects" in d or (stage == 1 and "rows_in" in d):
@@ -847,15 +860,9 @@ class BatchRunner:
             stage += 1
             if stage > len(eq.streams):
                 raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
-            from pyspark.sql.types import IntegerType, StructField, StructType
-
-            schema = StructType(list(self.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
-            part_df = self.spark.read.schema(schema).parquet(fsutil.join(tmp, f"stage={stage - 1}"))
             # the classes the partial results enter: their deltas replay the state batch by batch
             targets = sorted({eq.class_index(seg.attr_class) for ch in plan.chains.values() for seg in ch.segments[1:]})
-            replay = self.conform(routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})"),
-                                  keep=("_batch",), full=True)
-            stage_input = self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
+            stage_input = next_input(fsutil.join(tmp, f"stage={stage - 1}"), targets)
 
         t0 = time.perf_counter()
         files = {}
@@ -883,14 +890,18 @@ class BatchRunner:
         fsutil.remove(tmp)
         stage_seconds["commit"] = time.perf_counter() - t0
         total = time.perf_counter() - t_run
-        shuffle = shuffle_bytes(spark, group)
+        # the driver ran no Spark job: nothing to ask Spark's status store
+        shuffle = {"read": 0, "written": 0, "stages": 0} if local else shuffle_bytes(spark, group)
         work = {b: sum(d["seconds"] + d.get("write_seconds", 0.0) for d in by_batch[b]) for b in batches}
         work_sum = sum(work.values())
-        execution = {"mode": "pipelined", "batches": [first, last], "jobs": stage, "wall_seconds": total,
+        execution = {"mode": "pipelined", "where": "driver" if local else "executors", "batches": [first, last],
+                     "jobs": 0 if local else stage, "stages": stage, "wall_seconds": total,
                      "stage_seconds": stage_seconds, "shuffle_bytes": shuffle,
-                     "spark_stages": stage_times(spark, group),
+                     "spark_stages": [] if local else stage_times(spark, group),
                      "final_state_write_seconds": sum(d["write_seconds"] for d in final),
                      "apportioned_by": "task seconds per batch"}
+        if local:
+            execution["threads"] = physical["stage1"]["threads"]
         for b, rec in zip(batches, records):
             share = work[b] / work_sum if work_sum > 0 else 1.0 / len(batches)
             rec["stage_seconds"] = {k: v * share for k, v in stage_seconds.items()}
@@ -906,6 +917,53 @@ class BatchRunner:
                 if rec["batch_id"] != warmup:
                     write_record(self.metrics_dir, rec)
         return records
+
+    def _pipelined_spark(self, routed):
+        """(run_stage, next_input) of a pipelined run's stages as Spark jobs: ``run_stage(fn, df)`` maps
+        the task function over the stage's partitions and collects its documents; ``next_input(folder,
+        targets)`` is the next stage's input: the partial results written there and the deltas (and
+        punctuations) of the classes they enter, replayed batch by batch, partitioned by (class, bucket)."""
+        from pyspark.sql.types import IntegerType, StructField, StructType
+
+        def run_stage(fn, df):
+            mapped = df.mapInArrow(fn, "doc string")
+            plan = physical_info(mapped)
+            return [json.loads(r.doc) for r in mapped.collect()], plan
+
+        def next_input(folder, targets):
+            schema = StructType(list(self.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
+            part_df = self.spark.read.schema(schema).parquet(folder)
+            replay = self.conform(routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})"),
+                                  keep=("_batch",), full=True)
+            return self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
+
+        return run_stage, next_input
+
+    def _pipelined_local(self, routed: pa.Table):
+        """:meth:`_pipelined_spark` on the driver (no Spark job): a stage's rows split by bucket over
+        ``driver_threads`` threads, each playing one Spark task (:func:`_run_task`; a thread's rows keep
+        the table's order by ``_batch``); the next stage's input read back with pyarrow."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        threads = self.config.threads_on_driver()
+
+        def run_stage(fn, table):
+            return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
+
+        def next_input(folder, targets):
+            parts = []
+            for name in sorted(fsutil.listdir(folder)):
+                fs, p = fsutil.resolve(fsutil.join(folder, name))
+                with fs.open_input_file(p) as fh:
+                    parts.append(to_layout(pq.read_table(fh), self.arrow_schema, extra=("_batch",)))
+            replay = routed.filter(pc.and_(pc.is_in(routed.column("_kind"), pa.array([1, 4], pa.int8())),
+                                           pc.is_in(routed.column("_c"), pa.array(targets, pa.int32()))))
+            parts.append(to_layout(replay, self.arrow_schema, extra=("_batch",)))
+            t = pa.concat_tables([x.cast(parts[-1].schema) for x in parts])
+            return t.take(pc.sort_indices(t, sort_keys=[("_batch", "ascending")]))  # stable
+
+        return run_stage, next_input
 
     # ---- metrics --------------------------------------------------------------------------------
     def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:

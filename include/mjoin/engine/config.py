@@ -71,8 +71,14 @@ class EngineConfig:
     psp_slices: int = 4
     #: streaming: a micro-batch whose committed state plus new rows hold at most this many tuples runs on
     #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small
-    #: batch); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
+    #: batch); so does a single-plan interval run whose accepted files hold at most this many rows (by
+    #: their footers); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
     driver_rows: int = 1_000_000
+    #: a single-plan interval run goes to the driver only while its accepted files hold at most this many
+    #: rows (and at most ``driver_rows``): measured faster than Spark at 60 k rows (1.55 s vs 2.55 s, 42
+    #: batches), slower at 604 k (14.5 s vs 9.1 s, 180 batches: the driver's threads share the GIL); the
+    #: crossover is not measured (bench/evaluation/README.md). 0: intervals always on Spark.
+    interval_driver_rows: int = 100_000
     #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
     #: would split them over tasks (0: the driver's cores, at most 4)
     driver_threads: int = 0
@@ -95,6 +101,8 @@ class EngineConfig:
             raise EngineError("psp_slices must be >= 1")
         if self.driver_rows < 0:
             raise EngineError("driver_rows must be >= 0 (0: never run a batch on the driver)")
+        if self.interval_driver_rows < 0:
+            raise EngineError("interval_driver_rows must be >= 0 (0: never run an interval on the driver)")
         if self.driver_threads < 0:
             raise EngineError("driver_threads must be >= 0 (0: the driver's cores, at most 4)")
         if not self.recheck_seconds >= 0:

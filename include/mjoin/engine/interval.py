@@ -11,6 +11,11 @@ one Spark job per stage for the whole interval, each task running its buckets ba
 after batch with the state in memory, so that the measured time is the operator's
 work and not Spark's per-job overhead (which hid the order in the first benchmark).
 ``pipelined=False`` runs one job per batch, exactly as streaming does.
+
+A small interval (one plan, at most ``EngineConfig.interval_driver_rows`` accepted rows by the footers) runs
+on the driver instead (:func:`run_fused`): the same rows, batches, routing and task function, read with
+pyarrow and run on threads, no Spark job (Spark's fixed cost per job and per stage is most of a small
+interval's time).
 """
 from __future__ import annotations
 
@@ -18,15 +23,20 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+import pyarrow as pa
+
 from .. import fsutil
 from ..contract import Seen
 from ..timeutil import iso, to_micros
-from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
 from .compiled import MICROS
 from .config import EngineConfig, EngineError
 from .inputs import as_lake, as_query, compile_plan
 from .metrics import shuffle_bytes, write_jsonl
-from .normalize import add_counts, inspect_files, normalize_streams, punctuation_rows, write_quarantine
+from .frame import arrow_input_schema, to_layout
+from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
+                        punctuation_rows, write_quarantine)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,21 @@ def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int) -> str:
             f"WHEN _ts < {start_us} AND _ts > {start_us} - {window} THEN 0 END")
 
 
+def batch_local(ts: pa.Array, s: np.ndarray, eq, start_us: int, end_us: int, cycle_us: int) -> np.ndarray:
+    """:func:`_batch_expr` in numpy (the driver's twin, same rule): each row's batch from its event time
+    ``ts`` (micros, nullable) and stream index ``s``; -1 = outside the interval (dropped)."""
+    ts = pa.array(ts) if not isinstance(ts, (pa.Array, pa.ChunkedArray)) else ts
+    null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    t = np.asarray(ts.fill_null(0).to_numpy(), dtype=np.int64)
+    window = np.asarray([eq.window_us[x] for x in eq.streams], dtype=np.int64)[np.asarray(s, dtype=np.int64)]
+    out = np.full(len(t), -1, dtype=np.int64)
+    inside = (t >= start_us) & (t < end_us)
+    out[inside] = 1 + (t[inside] - start_us) // cycle_us
+    out[(t < start_us) & (t > start_us - window)] = 0
+    out[null] = 1
+    return out
+
+
 @dataclass
 class IntervalInput:
     """The interval's rows, normalised (lazily: no Spark job yet), with their batch (column ``_batch``:
@@ -93,6 +118,10 @@ class IntervalInput:
     seconds: float = 0.0
     streams: tuple = ()  # the engine's stream order (``_s``)
     punctuations: list = field(default_factory=list)  # [(path, source, arrival, batch)] of punctuation files
+    #: or the same rows on the driver (``frame`` None): an Arrow table in the input layout with ``_batch``
+    #: (:func:`mjoin.engine.normalize.normalize_local`, :func:`batch_local`), read in ``local_seconds``
+    local: object = None
+    local_seconds: float = 0.0
 
     def valid(self):
         from pyspark.sql import functions as F
@@ -122,9 +151,11 @@ class IntervalInput:
         return counts
 
 
-def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> IntervalInput:
+def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver_rows: int = 0) -> IntervalInput:
     """The landed files of the query's streams judged by the contract (rejected files go to
-    ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches."""
+    ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches. ``driver_rows``
+    > 0: when the accepted files hold at most that many rows (footers) and the driver reads their streams
+    as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark."""
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
@@ -139,14 +170,33 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle) -> Int
             landed[s.source] = in_lake.landed(s.source)
     files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
     inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
-    frame = normalize_streams(spark, query, eq, inspected)
-    if frame is not None:
-        frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
-            .where(F.col("_batch").isNotNull())
+    present = {name for (name, _), _ in inspected.groups.items()}
+    frame = local = None
+    local_seconds = 0.0
+    if 0 < driver_rows and inspected.rows <= driver_rows and local_supported(query, present):
+        t1 = time.perf_counter()
+        local = _read_local(query, eq, inspected, start_us, end_us, cycle_us)
+        local_seconds = time.perf_counter() - t1
+    else:
+        frame = normalize_streams(spark, query, eq, inspected)
+        if frame is not None:
+            frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
+                .where(F.col("_batch").isNotNull())
     punct = _interval_punctuations(query, landed, inspected.ts_max, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
-    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects, time.perf_counter() - t0,
-                         eq.streams, punct)
+    return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects,
+                         time.perf_counter() - t0 - local_seconds, eq.streams, punct, local, local_seconds)
+
+
+def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int) -> pa.Table:
+    """The accepted files' rows normalised on the driver (:func:`normalize_local`), each with its batch
+    (:func:`batch_local`), the rows outside the interval dropped: the input layout plus ``_batch``."""
+    table = normalize_local(query, eq, inspected)
+    if table is None:
+        table = arrow_input_schema(eq).empty_table()
+    b = batch_local(table.column("_ts"), table.column("_s").to_numpy(), eq, start_us, end_us, cycle_us)
+    keep = np.flatnonzero(b >= 0)
+    return table.take(pa.array(keep)).append_column(pa.field("_batch", pa.int32()), pa.array(b[keep].astype(np.int32)))
 
 
 def _interval_punctuations(query, landed: dict, ts_max: dict, start_us: int, end_us: int, cycle_us: int) -> list:
@@ -187,14 +237,29 @@ class Prepared(IntervalInput):
         self.routed.unpersist()
 
 
+def _punctuation_table(runner: BatchRunner, data: IntervalInput, layout: pa.Schema) -> pa.Table | None:
+    """The interval's punctuation files as routed rows in ``layout`` (an Arrow input layout) with ``_batch``
+    (None if none); the unreadable ones join ``data.rejects``."""
+    if not data.punctuations:
+        return None
+    batch = {path: b for path, _, _, b in data.punctuations}
+    rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
+                                    runner.config.buckets, layout, batch_of=lambda path, arrival: batch[path])
+    data.rejects += bad
+    return rows
+
+
 def route_interval(runner: BatchRunner, data: IntervalInput):
     """Every batch's stage-1 rows (accepted ones to their key buckets, rejected ones for the tasks to
-    quarantine, the bucket ticks), partitioned by (class, bucket), lazily (one exchange).
+    quarantine, the bucket ticks), partitioned by (class, bucket), lazily (one exchange); for an input
+    read on the driver (``data.local``), the same rows as one Arrow table (:func:`route_interval_local`).
 
     Sorted by batch inside each partition, so that the in-memory column batches' statistics let every
     batch's scan skip the other batches' rows (and pipelined tasks see batches in order); then by class,
     bucket, stream and key, so that the operator takes each stream's new tuples of a bucket as one slice
     already sorted by key."""
+    if data.local is not None:
+        return route_interval_local(runner, data)
     from pyspark.sql import functions as F
 
     from .compiled import key_name
@@ -203,19 +268,39 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
     routed = runner.ticks(list(range(0, data.n_batches + 1)), rejects=rejects)
     if data.frame is not None:
         routed = runner.route_frame(data.frame, keep=("_batch",)).unionByName(routed)
-    if data.punctuations:
-        batch = {path: b for path, _, _, b in data.punctuations}
-        spark_layout, arrow_layout = runner.input_layout(rejects)
-        rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
-                                        runner.config.buckets, arrow_layout, batch_of=lambda path, arrival: batch[path])
-        data.rejects += bad
-        if rows is not None:
-            from pyspark.sql.types import IntegerType, StructField, StructType
+    spark_layout, arrow_layout = runner.input_layout(rejects)
+    rows = _punctuation_table(runner, data, arrow_layout)
+    if rows is not None:
+        from pyspark.sql.types import IntegerType, StructField, StructType
 
-            schema = StructType(list(spark_layout.fields) + [StructField("_batch", IntegerType(), True)])
-            routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
+        schema = StructType(list(spark_layout.fields) + [StructField("_batch", IntegerType(), True)])
+        routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
     key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
     return runner.partitioned(routed).sortWithinPartitions("_batch", "_c", "_b", "_s", F.expr(key))
+
+
+def route_interval_local(runner: BatchRunner, data: IntervalInput) -> pa.Table:
+    """:func:`route_interval` on the driver: ``data.local`` routed (:func:`route_local`, with every batch's
+    ticks), the punctuations, sorted by (batch, class, bucket, stream, key) as Spark sorts each partition
+    (stable; NULLs first)."""
+    import pyarrow.compute as pc
+
+    from .compiled import key_name
+
+    eq, schema = runner.eq, runner.arrow_input_schema
+    parts = [route_local(data.local, eq, runner.config.buckets, schema, runner.config.psp_slices,
+                         batches=list(range(0, data.n_batches + 1)))]
+    punct = _punctuation_table(runner, data, schema)
+    if punct is not None:
+        parts.append(punct)
+    t = pa.concat_tables([to_layout(p, schema, extra=("_batch",)) for p in parts])
+    c = t.column("_c")
+    key = t.column(key_name(eq.classes[0]))
+    for ci, cl in enumerate(eq.classes[1:], 1):
+        key = pc.if_else(pc.equal(c, ci), t.column(key_name(cl)), key)
+    order = pc.sort_indices(t.append_column("_sort_key", key),
+                            sort_keys=[(c, "ascending", "at_start") for c in ("_batch", "_c", "_b", "_s", "_sort_key")])
+    return t.take(order)
 
 
 def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
@@ -270,14 +355,26 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     """One plan over an interval in as few Spark jobs as the plan has stages: the files' contract checks
     on the driver, then one job reads, normalises and routes every row (one exchange), and runs the
     warm-up and every cycle in the operator's tasks, the state kept in their memory. Nothing is cached
-    between jobs unless the plan changes attribute class (a further stage replays the deltas)."""
+    between jobs unless the plan changes attribute class (a further stage replays the deltas).
+
+    Small intervals on the driver: when the accepted files hold at most ``config.driver_rows`` and
+    ``config.interval_driver_rows`` rows (by their footers, before reading; both > 0) and the driver
+    reads their streams as Spark would (:func:`local_supported`), the same rows are read, batched and
+    routed on the driver (pyarrow, numpy) and :meth:`BatchRunner.run_pipelined` runs the same task
+    function on threads: no Spark job (``extra.execution = "fused-driver"``). Either at 0: always Spark."""
     from pyspark import StorageLevel
 
     t_run = time.perf_counter()
-    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
+    cfg = runner.config
+    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle,
+                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows))
+    local = data.local is not None
+    t0 = time.perf_counter()
     routed = route_interval(runner, data)
+    route_seconds = time.perf_counter() - t0
+    data.local = None  # (the routed table holds the rows now)
     multi = max(len(ch.segments) for ch in compiled.chains.values()) > 1
-    if multi:
+    if multi and not local:
         routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
     bounds, extras = _cycles(data)
     bounds[0] = data.start_us
@@ -287,15 +384,23 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     try:
         records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0)
     finally:
-        if multi:
+        if multi and not local:
             routed.unpersist()
     warm, records = records[0], records[1:]
     for rec in records:
         log.info("batch %d: %d rows in, %d results, %.2fs", rec["batch_id"], sum(rec["rows_in"].values()),
                  rec["result_rows"], rec["wall_seconds"])
     metrics_path = write_jsonl(runner.metrics_dir, records)
-    stages = records[0]["execution"]["spark_stages"] if records else []
-    input_seconds = sum(st["wall_seconds"] or 0 for st in stages if st["kind"] == "input")
+    execution = warm["execution"]
+    stages = execution["spark_stages"]
+    if local:  # the input part: normalise, batch and route on the driver; the operator: the stages' threads
+        input_seconds = data.local_seconds + route_seconds
+        phases = {"contract_checks_driver": data.seconds, "input_driver": input_seconds,
+                  "operator_driver": sum(v for k, v in execution["stage_seconds"].items() if k.startswith("stage")),
+                  "input_stage": 0.0, "spark_stages": []}
+    else:
+        input_seconds = sum(st["wall_seconds"] or 0 for st in stages if st["kind"] == "input")
+        phases = {"contract_checks_driver": data.seconds, "input_stage": input_seconds, "spark_stages": stages}
     return RunSummary(
         query=query.name, engine="mjoin", mode="interval",
         interval=[iso(data.start_us / MICROS), iso(data.end_us / MICROS)], cycle_seconds=data.cycle_us / MICROS,
@@ -305,9 +410,9 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
         warmup_seconds=warm["wall_seconds"], rows_in={s: sum(r["rows_in"][s] for r in records) for s in runner.eq.streams},
         quarantined=_totals(records), metrics_path=metrics_path, results_path=runner.results_root,
         extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
-               "prefilter": compiled.prefilter, "buckets": runner.config.buckets, "execution": "fused",
-               "phases": {"contract_checks_driver": data.seconds, "input_stage": input_seconds,
-                          "spark_stages": stages}})
+               "prefilter": compiled.prefilter, "buckets": runner.config.buckets,
+               "execution": "fused-driver" if local else "fused", "where": execution["where"],
+               "phases": phases})
 
 
 def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner, warm: dict | None = None,
