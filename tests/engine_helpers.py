@@ -95,6 +95,18 @@ def write_stream_file(lake: Lake, source: str, arrival: int, table: pa.Table, pa
     return path
 
 
+def write_null_time_copy(lake: Lake, arrival: int) -> None:
+    """Into web_returns' ``arrival`` folder, a copy of its file whose first two rows have no event time (row-level
+    ``bad_time`` rejects) and whose order numbers are new (the copy is not a duplicate of the file)."""
+    t = pq.read_table(lake.stream_file("web_returns", arrival))
+    ts = t.column("ts").to_pylist()
+    ts[0] = ts[1] = None
+    pq.write_table(t.set_column(t.schema.get_field_index("ts"), "ts", pa.array(ts, t.schema.field("ts").type))
+                   .set_column(t.schema.get_field_index("wr_order_number"), "wr_order_number",
+                               pa.array(range(10**9, 10**9 + t.num_rows), pa.int64())),
+                   os.path.join(lake.arrival_dir("web_returns", arrival), "null_ts.parquet"))
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_queries():
     """Autouse where imported: after each test, stop any streaming query still active in the shared

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine_helpers import T0, no_leaked_queries, replay_tpcds
+from engine_helpers import T0, no_leaked_queries, replay_tpcds, write_null_time_copy
 from mjoin import fsutil
 from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
 from mjoin.engine.compiled import EngineQuery
@@ -83,13 +83,7 @@ def bad_lake(tmp_path_factory):
     lake = Lake(str(tmp_path_factory.mktemp("local-interval") / "lake"))
     info = replay_tpcds(lake, 0.01, rate=10.0, arrival_cycle=20)
     arrivals = lake.arrivals("web_returns")
-    t = pq.read_table(lake.stream_file("web_returns", arrivals[4]))
-    ts = t.column("ts").to_pylist()
-    ts[0] = ts[1] = None
-    pq.write_table(t.set_column(t.schema.get_field_index("ts"), "ts", pa.array(ts, t.schema.field("ts").type))
-                   .set_column(t.schema.get_field_index("wr_order_number"), "wr_order_number",
-                               pa.array(range(10**9, 10**9 + t.num_rows), pa.int64())),
-                   os.path.join(lake.arrival_dir("web_returns", arrivals[4]), "null_ts.parquet"))
+    write_null_time_copy(lake, arrivals[4])
     c = pq.read_table(lake.stream_file("customer", lake.arrivals("customer")[5]))
     key = c.schema.get_field_index("c_current_addr_sk")
     pq.write_table(c.set_column(key, "c_current_addr_sk", c.column(key).cast(pa.string())),

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine_helpers import TPCDS_TABLES, assert_same_results, no_leaked_queries, replay_tpcds
+from engine_helpers import assert_same_results, no_leaked_queries, replay_tpcds, write_null_time_copy
 from mjoin import fsutil
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
 from mjoin.engine.state import StateStore
@@ -42,13 +42,7 @@ def test_driver_batches_equal_executor_batches(spark, seed_query, tmp_path):
     folder = a.arrival_dir("customer", arrivals[-1])
     pq.write_table(old.set_column(old.schema.get_field_index("c_customer_id"), "c_customer_id",
                                   pa.array([f"late{i}" for i in range(5)])), os.path.join(folder, "late.parquet"))
-    t2 = pq.read_table(a.stream_file("web_returns", arrivals[3]))
-    ts = t2.column("ts").to_pylist()
-    ts[0] = ts[1] = None
-    pq.write_table(t2.set_column(t2.schema.get_field_index("ts"), "ts", pa.array(ts, t2.schema.field("ts").type))
-                   .set_column(t2.schema.get_field_index("wr_order_number"), "wr_order_number",
-                               pa.array(range(10**9, 10**9 + t2.num_rows), pa.int64())),
-                   os.path.join(a.arrival_dir("web_returns", arrivals[3]), "null_ts.parquet"))
+    write_null_time_copy(a, arrivals[3])
     b, c = Lake(str(tmp_path / "b")), Lake(str(tmp_path / "c"))
     for lake in (b, c):
         shutil.copytree(os.path.join(a.root, "streams"), os.path.join(lake.root, "streams"))
