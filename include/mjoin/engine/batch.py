@@ -284,6 +284,34 @@ def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
     return [d for part_docs in docs for d in part_docs]
 
 
+def _spark_stage(fn, df) -> tuple[list[dict], dict]:
+    """A stage as one Spark job: the task function ``fn`` mapped over ``df``'s partitions; (its documents,
+    the physical plan)."""
+    mapped = df.mapInArrow(fn, "doc string")
+    plan = physical_info(mapped)
+    return [json.loads(r.doc) for r in mapped.collect()], plan
+
+
+def _driver_stage(threads: int):
+    """``run_stage(fn, table)`` of a stage on the driver (:func:`_run_task`), the counterpart of :func:`_spark_stage`."""
+    def run_stage(fn, table: pa.Table) -> tuple[list[dict], dict]:
+        return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
+
+    return run_stage
+
+
+def _read_parts(folder: str) -> list[pa.Table]:
+    """Every Parquet file in ``folder`` (a stage's partial results), in name order."""
+    import pyarrow.parquet as pq
+
+    parts = []
+    for name in fsutil.listdir(folder):
+        fs, p = fsutil.resolve(fsutil.join(folder, name))
+        with fs.open_input_file(p) as fh:
+            parts.append(pq.read_table(fh))
+    return parts
+
+
 def _run_partition(fn, table: pa.Table, part: int) -> list[dict]:
     _DRIVER_TASK.part = part
     try:
@@ -744,16 +772,11 @@ class BatchRunner:
             stage_input = self.partitioned(self._with_punctuations(first.unionByName(self.ticks(rejects=rejects)),
                                                                    binput, rejects))
 
-        def run_stage(fn, df):
-            mapped = df.mapInArrow(fn, "doc string")
-            plan = physical_info(mapped)
-            return [json.loads(r.doc) for r in mapped.collect()], plan
-
         def next_input(folder):  # partial results (whole frame) and the deltas replayed into their class
             return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder)
                                     .unionByName(self.conform(routed, full=True)))
 
-        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, run_stage, next_input)
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, _spark_stage, next_input)
 
     def _with_punctuations(self, df, binput: BatchInput, rejects: bool = True):
         if binput.punctuations is None or not binput.punctuations.num_rows:
@@ -766,27 +789,18 @@ class BatchRunner:
         holding every bucket): no Spark job. For small batches of a small state, where Spark's fixed
         cost per job (~0.3-0.5 s here) is most of a micro-batch."""
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_input_schema, self.config.psp_slices)
         deltas = first.filter(pc.equal(first.column("_kind"), 1))
         if binput.punctuations is not None and binput.punctuations.num_rows:
             first = pa.concat_tables([first, to_layout(binput.punctuations, self.arrow_input_schema)])
 
-        threads = self.config.threads_on_driver()
-
-        def run_stage(fn, table):
-            return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
-
         def next_input(folder):
-            parts = []
-            for name in fsutil.listdir(folder):
-                fs, p = fsutil.resolve(fsutil.join(folder, name))
-                with fs.open_input_file(p) as fh:
-                    parts.append(pq.read_table(fh).cast(self.arrow_schema))
+            parts = [t.cast(self.arrow_schema) for t in _read_parts(folder)]
             return pa.concat_tables(parts + [to_layout(deltas, self.arrow_schema)])
 
-        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first, run_stage, next_input)
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first,
+                            _driver_stage(self.config.threads_on_driver()), next_input)
 
     # ---- every batch of an interval: one Spark job per stage, or on the driver ------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
@@ -925,11 +939,6 @@ class BatchRunner:
         punctuations) of the classes they enter, replayed batch by batch, partitioned by (class, bucket)."""
         from pyspark.sql.types import IntegerType, StructField, StructType
 
-        def run_stage(fn, df):
-            mapped = df.mapInArrow(fn, "doc string")
-            plan = physical_info(mapped)
-            return [json.loads(r.doc) for r in mapped.collect()], plan
-
         def next_input(folder, targets):
             schema = StructType(list(self.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
             part_df = self.spark.read.schema(schema).parquet(folder)
@@ -937,33 +946,23 @@ class BatchRunner:
                                   keep=("_batch",), full=True)
             return self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
 
-        return run_stage, next_input
+        return _spark_stage, next_input
 
     def _pipelined_local(self, routed: pa.Table):
         """:meth:`_pipelined_spark` on the driver (no Spark job): a stage's rows split by bucket over
         ``driver_threads`` threads, each playing one Spark task (:func:`_run_task`; a thread's rows keep
         the table's order by ``_batch``); the next stage's input read back with pyarrow."""
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        threads = self.config.threads_on_driver()
-
-        def run_stage(fn, table):
-            return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
 
         def next_input(folder, targets):
-            parts = []
-            for name in sorted(fsutil.listdir(folder)):
-                fs, p = fsutil.resolve(fsutil.join(folder, name))
-                with fs.open_input_file(p) as fh:
-                    parts.append(to_layout(pq.read_table(fh), self.arrow_schema, extra=("_batch",)))
+            parts = [to_layout(t, self.arrow_schema, extra=("_batch",)) for t in _read_parts(folder)]
             replay = routed.filter(pc.and_(pc.is_in(routed.column("_kind"), pa.array([1, 4], pa.int8())),
                                            pc.is_in(routed.column("_c"), pa.array(targets, pa.int32()))))
             parts.append(to_layout(replay, self.arrow_schema, extra=("_batch",)))
             t = pa.concat_tables([x.cast(parts[-1].schema) for x in parts])
             return t.take(pc.sort_indices(t, sort_keys=[("_batch", "ascending")]))  # stable
 
-        return run_stage, next_input
+        return _driver_stage(self.config.threads_on_driver()), next_input
 
     # ---- metrics --------------------------------------------------------------------------------
     def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
