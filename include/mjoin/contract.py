@@ -239,9 +239,13 @@ class FileFacts:
             return None
         if self.row_rejects:
             return self.row_rejects
-        if late_before is not None and (self.ts_min_us is None or self.ts_min_us <= late_before):
-            return "rows may be before the watermark (late)" if self.ts_min_us is None else \
-                f"earliest event time {self.ts_min_us} us is before the watermark {late_before} us (late)"
+        if late_before is None:
+            return None
+        earliest = self.ts_min_us  # a conversion per access: once
+        if earliest is None:
+            return "rows may be before the watermark (late)"
+        if earliest <= late_before:
+            return f"earliest event time {earliest} us is before the watermark {late_before} us (late)"
         return None
 
 
