@@ -567,12 +567,19 @@ def _costs_table(costs: dict, orders: list) -> dict:
     return out
 
 
+def drift_workload(work: Path, args, preset: str) -> Path:
+    """The drift preset's workload at the run's ``--drift-*`` settings (its base rate scaled by
+    :data:`DRIFT_RATE_FACTOR`), generated once per work folder."""
+    return synthetic_workload(work, preset, args.drift_duration, args.drift_rate * DRIFT_RATE_FACTOR.get(preset, 1.0),
+                              args.drift_domain, args.drift_window)
+
+
 def drift_section(spark, args, work: Path) -> dict:
     out = {"presets": {}, "parameters": {"duration": args.drift_duration, "rate": args.drift_rate,
                                          "domain": args.drift_domain, "window": args.drift_window}}
     for preset in args.presets:
         rate = args.drift_rate * DRIFT_RATE_FACTOR.get(preset, 1.0)
-        wl = synthetic_workload(work, preset, args.drift_duration, rate, args.drift_domain, args.drift_window)
+        wl = drift_workload(work, args, preset)
         doc = paper_workload(spark, args, f"drift-{preset}", wl, None, work, all_orders=False)
         costs, orders = doc["_costs"], sched_orders(doc["_sched"])
         spec_order = orders[0]
@@ -894,10 +901,7 @@ def run(args) -> dict:
             save()
         if "sensitivity" in args.sections:
             if args.sens_preset:  # a drifting workload, where reacting sooner can pay
-                preset = args.sens_preset
-                wl = synthetic_workload(work, preset, args.drift_duration, args.drift_rate * DRIFT_RATE_FACTOR.get(
-                    preset, 1.0), args.drift_domain, args.drift_window)
-                qname = None
+                wl, qname = drift_workload(work, args, args.sens_preset), None
             else:
                 wl, qname = tpcds_workload(work, args.sf[0], args.duration), SEED
             with Section("sensitivity", result.setdefault("sensitivity", {})):
