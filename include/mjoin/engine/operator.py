@@ -77,9 +77,20 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
 
 
 class KeyedRows:
-    """Rows of one stream in one (class, bucket), sorted by key (stable), indexed by key (CSR)."""
+    """Rows of one stream in one (class, bucket), sorted by key (stable), indexed by key (CSR).
 
-    __slots__ = ("table", "key_col", "key", "ts", "ukeys", "offsets", "_keys")
+    The sorted order is a permutation over the rows as they arrived (``_perm``: logical row i is stored row
+    ``_perm[i]``; None = stored in order): adding a batch (:meth:`concat`) appends its rows to the stored
+    table (zero-copy chunks) and merges the int64 keys only, and :meth:`purge` drops rows from the
+    permutation. So a batch costs O(state) in int64 arrays, not a copy of every payload column of the
+    state (which was most of the per-batch cost at 10-s cycles). The stored rows are compacted (one copy
+    in sorted order) once the dead rows outnumber the live ones or the chunks pile up (amortised O(1) per
+    row). Payload is read through :meth:`gather`; :attr:`table` materialises the sorted rows."""
+
+    __slots__ = ("_data", "_perm", "_table", "key_col", "key", "ts", "ukeys", "offsets", "_keys")
+
+    #: compact the stored rows when they hold more than this many chunks (one per batch added)
+    MAX_CHUNKS = 48
 
     def __init__(self, table: pa.Table, key_col: str, presorted: bool = False):
         if any(c.num_chunks > 1 for c in table.columns):
@@ -92,8 +103,11 @@ class KeyedRows:
             key, ts = key[order], ts[order]
         self._init(table, key_col, key, ts)
 
-    def _init(self, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray) -> None:
-        self.table = table
+    def _init(self, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray,
+              perm: np.ndarray | None = None, keys: dict | None = None) -> None:
+        self._data = table
+        self._perm = perm
+        self._table = None if perm is not None else table
         self.key_col = key_col
         self.key = key
         self.ts = ts
@@ -104,13 +118,19 @@ class KeyedRows:
         else:
             self.ukeys = EMPTY
             self.offsets = np.zeros(1, dtype=np.int64)
-        self._keys = {key_col: key}
+        self._keys = dict(keys or {})
+        self._keys[key_col] = key
 
     @classmethod
-    def _sorted(cls, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray) -> "KeyedRows":
-        """From rows already sorted by key, with their key and time arrays (no re-extraction)."""
+    def _sorted(cls, table: pa.Table, key_col: str, key: np.ndarray, ts: np.ndarray,
+                perm: np.ndarray | None = None, keys: dict | None = None) -> "KeyedRows":
+        """From rows already sorted by key (or stored rows and the permutation sorting them), with their
+        key and time arrays (no re-extraction)."""
         out = cls.__new__(cls)
-        out._init(table, key_col, key, ts)
+        out._init(table, key_col, key, ts, perm, keys)
+        if perm is not None and (table.num_rows > 2 * len(perm) + 1024 or
+                                 (table.num_columns and table.column(0).num_chunks > cls.MAX_CHUNKS)):
+            out._init(out.table.combine_chunks(), key_col, key, ts, None, out._keys)
         return out
 
     @classmethod
@@ -121,17 +141,45 @@ class KeyedRows:
         return len(self.key)
 
     @property
+    def table(self) -> pa.Table:
+        """The rows in sorted order (materialised once from the stored rows when they are permuted)."""
+        if self._table is None:
+            self._table = self._data.take(pa.array(self._perm))
+        return self._table
+
+    def _stored(self, idx: np.ndarray) -> np.ndarray:
+        return idx if self._perm is None else self._perm[idx]
+
+    def gather(self, column: str, idx: np.ndarray):
+        """Column ``column`` of the sorted rows ``idx``."""
+        return self._data.column(column).take(pa.array(self._stored(np.asarray(idx, dtype=np.int64))))
+
+    def take_rows(self, idx: np.ndarray) -> pa.Table:
+        """The sorted rows ``idx`` (all columns)."""
+        return self._data.take(pa.array(self._stored(np.asarray(idx, dtype=np.int64))))
+
+    def subset(self, idx: np.ndarray) -> "KeyedRows":
+        """The sorted rows ``idx`` (increasing), still sorted: a new permutation, no copy of the rows."""
+        idx = np.asarray(idx, dtype=np.int64)
+        perm = idx if self._perm is None else self._perm[idx]
+        return KeyedRows._sorted(self._data, self.key_col, self.key[idx], self.ts[idx], perm,
+                                 {c: v[idx] for c, v in self._keys.items()})
+
+    @property
     def nkeys(self) -> int:
         return len(self.ukeys)
 
     @property
     def nbytes(self) -> int:
-        return int(self.table.nbytes + self.key.nbytes + self.ts.nbytes + self.ukeys.nbytes + self.offsets.nbytes)
+        perm = 0 if self._perm is None else self._perm.nbytes
+        return int(self._data.nbytes + perm + self.key.nbytes + self.ts.nbytes + self.ukeys.nbytes
+                   + self.offsets.nbytes)
 
     def keys_of(self, column: str) -> np.ndarray:
         """Another int64 key column (a stream's key in another attribute class)."""
         if column not in self._keys:
-            self._keys[column] = int_column(self.table, column)[0]
+            stored = int_column(self._data, column)[0]
+            self._keys[column] = stored if self._perm is None else stored[self._perm]
         return self._keys[column]
 
     def ranges(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,16 +207,23 @@ class KeyedRows:
 
     def concat(self, other: "KeyedRows") -> "KeyedRows":
         """This state plus new rows (``other``), merged by key; ``self`` if there is nothing new.
-        The stable sort of two sorted runs is a linear merge (timsort); old rows stay first."""
+        The stable sort of two sorted runs is a linear merge (timsort); old rows stay first. Only the
+        int64 keys are merged: ``other``'s rows are appended to the stored rows (zero-copy)."""
         if len(other) == 0:
             return self
         if len(self) == 0:
             return other
+        add = other.table
+        if add.schema != self._data.schema:
+            add = add.select(self._data.schema.names).cast(self._data.schema)
+        n = self._data.num_rows
         key = np.concatenate([self.key, other.key])
         order = np.argsort(key, kind="stable")
-        table = pa.concat_tables([self.table, other.table.select(self.table.column_names).cast(self.table.schema)])
-        return KeyedRows._sorted(table.take(order), self.key_col, key[order],
-                                 np.concatenate([self.ts, other.ts])[order])
+        stored = np.concatenate([self._stored(np.arange(len(self), dtype=np.int64)),
+                                 np.arange(n, n + len(other), dtype=np.int64)])
+        keys = {c: np.concatenate([v, other.keys_of(c)])[order] for c, v in self._keys.items() if c != self.key_col}
+        return KeyedRows._sorted(pa.concat_tables([self._data, add]), self.key_col, key[order],
+                                 np.concatenate([self.ts, other.ts])[order], stored[order], keys)
 
     def purge(self, threshold: int | None) -> "KeyedRows":
         """Drop rows with ``ts <= threshold`` (they can join no future tuple); ``self`` if none."""
@@ -177,8 +232,7 @@ class KeyedRows:
         keep = self.ts > threshold
         if keep.all():
             return self
-        idx = np.flatnonzero(keep)
-        return KeyedRows._sorted(self.table.take(idx), self.key_col, self.key[idx], self.ts[idx])
+        return self.subset(np.flatnonzero(keep))
 
 
 # ---- groups and segments -------------------------------------------------------------
@@ -287,7 +341,7 @@ def probe(groups: Groups, steps, views: dict, window_us: dict, eq: EngineQuery |
                 for other, ocol, rcol, width in _bands_into(eq, right):
                     if other in held and len(grp):
                         keep = within_band(groups.payload.column(ocol).take(pa.array(grp)),
-                                           view.table.column(rcol).take(pa.array(cand)), width)
+                                           view.gather(rcol, cand), width)
                         grp, cand = grp[keep], cand[keep]
             alive = _sorted_unique(grp)
             st.hits, st.matches = len(alive), len(grp)
@@ -350,12 +404,12 @@ def materialise(groups: Groups, run: SegmentRun, steps, views: dict, eq: EngineQ
             if not len(rep):
                 break
             if other in idx:
-                ovals = views[other].table.column(ocol).take(pa.array(idx[other][rep]))
+                ovals = views[other].gather(ocol, idx[other][rep])
             elif other in held:
                 ovals = groups.payload.column(ocol).take(pa.array(rows[rep]))
             else:
                 continue  # joined later: checked then
-            ok &= within_band(ovals, view.table.column(rcol).take(pa.array(cand)), width)
+            ok &= within_band(ovals, view.gather(rcol, cand), width)
         sel = np.flatnonzero(ok)
         rep, cand = rep[sel], cand[sel]
         rows = rows[rep]
@@ -376,7 +430,7 @@ def gather_payload(eq: EngineQuery, groups: Groups, mat: Materialised, views: di
     for s in eq.streams:
         for p in eq.payload_columns(s):
             if s in mat.idx:
-                out[p] = views[s].table.column(p).take(pa.array(mat.idx[s]))
+                out[p] = views[s].gather(p, mat.idx[s])
             elif p in groups.payload.column_names:
                 out[p] = groups.payload.column(p).take(pa.array(mat.grp))
             else:
@@ -474,7 +528,7 @@ def _reject_table(ctx: BucketContext, rows: KeyedRows, stream: str, idx: np.ndar
     """Tuples of the state layout to quarantine (the row as JSON of its time, keys and payload)."""
     import json
 
-    part = rows.table.take(pa.array(idx)).to_pylist()
+    part = rows.take_rows(idx).to_pylist()
     raw = [json.dumps({k: (v if not hasattr(v, "isoformat") else v.isoformat()) for k, v in r.items()}, default=str)
            for r in part]
     n = len(idx)
@@ -500,7 +554,7 @@ def _stream_rows(ctx: BucketContext, rows: pa.Table, kind: np.ndarray, s_idx: np
 
 def _groups_from_delta(ctx: BucketContext, rows: KeyedRows, stream: str, attr_class: str, sel=None) -> Groups:
     eq = ctx.eq
-    t = rows.table if sel is None else rows.table.take(sel)
+    t = rows.table if sel is None else rows.take_rows(sel)
     ts = rows.ts if sel is None else rows.ts[sel]
     bound = {}
     for c in eq.stream_classes[stream]:
@@ -568,15 +622,15 @@ def _run_segment(ctx: BucketContext, out: BucketOutput, chain_doc: dict, groups:
     run = probe(groups, steps, views, eq.window_us, eq, held, eq.band_width.get(seg.attr_class))
     t1 = time.perf_counter()
     mat = materialise(groups, run, steps, views, eq, key_name(seg.attr_class), held)
-    payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
-    if seg.end == len(chain.steps):
-        if len(mat):
+    if len(mat):  # most segments of a small batch end empty: nothing to gather
+        payload = gather_payload(eq, groups, mat, views, ctx.frame_schema)
+        if seg.end == len(chain.steps):
             out.results.append(result_table(eq, payload, ctx.result_schema))
-        chain_doc["results"] += len(mat)
-    elif len(mat):
-        nxt = chain.steps[seg.end][2]
-        out.partials.append(_partial_table(ctx, payload, mat, eq.index(chain.stream), chain.group, seg.end, nxt))
-        chain_doc["partials"] += len(mat)
+            chain_doc["results"] += len(mat)
+        else:
+            nxt = chain.steps[seg.end][2]
+            out.partials.append(_partial_table(ctx, payload, mat, eq.index(chain.stream), chain.group, seg.end, nxt))
+            chain_doc["partials"] += len(mat)
     t2 = time.perf_counter()
     for k, st in enumerate(run.stats):
         chain_doc["steps"][str(seg.start + k)] = st.to_json()
@@ -655,7 +709,7 @@ def _apply_punctuations(ctx: BucketContext, attr_class: str, rows: pa.Table, kin
             if m.any():
                 keep = np.flatnonzero(~m)
                 r = new[j]
-                new[j] = KeyedRows._sorted(r.table.take(pa.array(keep)), kcol, r.key[keep], r.ts[keep])
+                new[j] = r.subset(keep)
                 purged += int(m.sum())
     punct.update(promised=sum(len(f) for f in fresh.values()), promises_held=sum(len(v[0]) for v in held.values()),
                  dead_tuples=dead_tuples, purged=purged)
@@ -710,7 +764,7 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 by = punct.setdefault("skipped_by_stream", {})
                 by[j] = by.get(j, 0) + int(drop.sum())
                 keep = np.flatnonzero(~drop)
-                delta[j] = KeyedRows._sorted(d.table.take(pa.array(keep)), kcol, d.key[keep], d.ts[keep])
+                delta[j] = d.subset(keep)
     full = {j: old[j].concat(delta[j]) for j in members}
     probing = delta
     if eq.is_band(attr_class):  # a new tuple probes every time slice: here, its copies from the other slices too
