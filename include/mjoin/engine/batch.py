@@ -48,7 +48,7 @@ from .frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema,
                     spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
 from .metrics import shuffle_bytes, stage_times, write_record
 from .normalize import REASONS
-from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, BucketContext, process_bucket
+from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
 from .results import write_parquet
 from .state import StateStore, StateWriter, file_key, load_state
 
@@ -128,6 +128,28 @@ def _buckets_of(t: pa.Table):
     ends = np.concatenate((cuts, [len(c_arr)]))
     for s, e in zip(starts, ends):
         yield int(c_arr[s]), int(b_arr[s]), t.slice(int(s), int(e - s))
+
+
+def _task_groups(t: pa.Table, merged: frozenset):
+    """``(class index, buckets, rows)`` of a stage's rows: the buckets of a class in ``merged`` together (one
+    operator call for all of the task's buckets of that class), every other (class, bucket) alone."""
+    run = None  # (ci, [buckets], [slices]) of a merged class being collected
+    for ci, bucket, rows in _buckets_of(t):
+        if ci not in merged:
+            if run is not None:
+                yield run[0], tuple(run[1]), pa.concat_tables(run[2])
+                run = None
+            yield ci, (bucket,), rows
+            continue
+        if run is not None and run[0] != ci:
+            yield run[0], tuple(run[1]), pa.concat_tables(run[2])
+            run = None
+        if run is None:
+            run = (ci, [], [])
+        run[1].append(bucket)
+        run[2].append(rows)
+    if run is not None:
+        yield run[0], tuple(run[1]), pa.concat_tables(run[2])
 
 
 #: the "partition" a thread of a batch run on the driver plays (``_run_task``); None: not such a thread
@@ -399,18 +421,26 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
 
 def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_root: str, partials_dir: str,
                     cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None,
-                    quarantine_root: str, warmup: int | None = None):
+                    quarantine_root: str, warmup: int | None = None, merged: frozenset = frozenset()):
     """The mapInArrow function of one stage of a pipelined interval run: the task's rows of every
     batch arrive sorted by ``_batch``; each complete batch is run bucket by bucket against the
     state the task keeps in memory (loaded once from the committed state before the first batch).
-    Stage 1 finally makes the last state durable (version ``final_version``)."""
+    Stage 1 finally makes the last state durable (version ``final_version``).
+
+    ``merged``: classes whose buckets of this task run as one (one :func:`process_bucket` call per batch
+    for all of them, the state of all of them in one :class:`KeyedRows` per stream, split by bucket again
+    when it is made durable). A key lies in one bucket, so the lookups and results are the same; the
+    fixed cost of an operator call is paid once per class instead of once per bucket, which is most of
+    a small batch's time. Not for band classes (a tuple visits every time slice) nor with punctuations
+    (a promise's rows are per bucket): :meth:`BatchRunner.run_pipelined` decides."""
     from .operator import StateUpdate
 
     def run(batches):
         part = _partition_id()
         pid = os.getpid()
-        state: dict = {}  # (class index, bucket) -> {stream: KeyedRows}
-        thresholds: dict = {}  # (class index, bucket, stream) -> purge threshold of the last batch
+        state: dict = {}  # (class index, bucket or None = merged) -> {stream: KeyedRows}
+        thresholds: dict = {}  # (class index, bucket or None, stream) -> purge threshold of the last batch
+        loaded: dict = {}  # merged class index -> buckets whose committed state is in its merged state
         partials: list = []
 
         def one_batch(b: int, t: pa.Table):
@@ -422,23 +452,31 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
             if not t.num_rows:
                 return
             results, docs = [], []
-            for ci, bucket, rows in _buckets_of(t):
+            for ci, bks, rows in _task_groups(t, merged):
                 cls = classes[ci]
-                cur = state.get((ci, bucket))
+                skey = (ci, None) if ci in merged else (ci, bks[0])
+                cur = state.get(skey)
+                fresh = [bk for bk in bks if bk not in loaded.setdefault(ci, set())] if ci in merged else \
+                    ([] if cur is not None else list(bks))
                 sources: dict = {}
 
-                def load(attr_class, stream, bk, cur=cur, sources=sources):
-                    if cur is not None:
-                        sources[stream] = "memory"
-                        return cur.get(stream)
-                    got, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, bk)),
-                                                      key_name(attr_class), cache_bytes)
+                def load(attr_class, stream, _bk, cur=cur, fresh=fresh, sources=sources):
+                    got = cur.get(stream) if cur is not None else None
+                    sources[stream] = "memory"
+                    for bk in fresh:  # buckets seen for the first time: their committed state
+                        piece, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, bk)),
+                                                            key_name(attr_class), cache_bytes)
+                        if piece is not None:
+                            got = piece if got is None else got.concat(piece)
                     return got
 
-                out = process_bucket(bctx, cls, bucket, rows, load)
-                state[(ci, bucket)] = {s: u.rows for s, u in out.new_state.items()}
+                out = process_bucket(bctx, cls, bks[0] if len(bks) == 1 else -1, rows, load)
+                if ci in merged:
+                    loaded[ci].update(bks)
+                    out.doc["buckets"] = list(bks)
+                state[skey] = {s: u.rows for s, u in out.new_state.items()}
                 for s, u in out.new_state.items():
-                    thresholds[(ci, bucket, s)] = u.threshold
+                    thresholds[(*skey, s)] = u.threshold
                 results += out.results
                 if out.partials:
                     p = pa.concat_tables(out.partials)
@@ -496,8 +534,14 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
             for (ci, bucket), streams in state.items():
                 for stream, rows in streams.items():
                     thr = thresholds.get((ci, bucket, stream))
-                    entry = writer.persist(None, StateUpdate(rows, rows, thr, True))
-                    final.append({"class": classes[ci], "stream": stream, "bucket": bucket, "entry": entry})
+                    if bucket is None:  # a merged class: its state split by bucket again (key mod buckets)
+                        of = np.mod(rows.key, ctx.buckets)
+                        pieces = [(bk, rows.subset(np.flatnonzero(of == bk))) for bk in sorted(loaded[ci])]
+                    else:
+                        pieces = [(bucket, rows)]
+                    for bk, piece in pieces:
+                        entry = writer.persist(None, StateUpdate(piece, piece, thr, True))
+                        final.append({"class": classes[ci], "stream": stream, "bucket": bk, "entry": entry})
             writer.flush()
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"final_state": final, "pid": pid,
                                                                   "write_seconds": time.perf_counter() - t0})]})
@@ -804,7 +848,8 @@ class BatchRunner:
 
     # ---- every batch of an interval: one Spark job per stage, or on the driver ------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
-                      extras: dict | None = None, write_metrics: bool = True, warmup: int | None = None) -> list:
+                      extras: dict | None = None, write_metrics: bool = True, warmup: int | None = None,
+                      punctuations: bool = True) -> list:
         """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage, or on
         the driver.
 
@@ -818,7 +863,9 @@ class BatchRunner:
         stage: each batch's ``wall_seconds`` (and stage times) is the run's wall time apportioned by the
         batch's share of the task time (``execution`` holds the exact totals).
         ``warmup``: a batch that only builds the state (emits nothing; no metrics file is written for
-        it, its record is returned first)."""
+        it, its record is returned first).
+        ``punctuations``: whether the batches may hold punctuations (False: the caller knows they do not; then
+        each task runs all of its buckets of a class in one operator call, see :func:`_pipelined_task`)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         extras = extras or {}
         batches = sorted(batches)
@@ -848,6 +895,9 @@ class BatchRunner:
                             punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold,
                             psp_slices=cfg.psp_slices)
         conf = self.conf()
+        promised = any(k.split("/")[1].endswith(PROMISES) for k in prev_files)
+        merged = frozenset() if punctuations or promised else \
+            frozenset(ci for ci, c in enumerate(eq.classes) if not eq.is_band(c))
         run_stage, next_input = (self._pipelined_local if local else self._pipelined_spark)(routed)
         docs, final, stage_seconds, physical = [], [], {}, {}
         stage_input, stage = routed, 1
@@ -855,7 +905,7 @@ class BatchRunner:
             t0 = time.perf_counter()
             fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, self.results_root, tmp,
                                  cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
-                                 self.quarantine_root, warmup)
+                                 self.quarantine_root, warmup, merged)
             got, physical[f"stage{stage}"] = run_stage(fn, stage_input)
             stage_docs = []
             for d in got:

@@ -382,7 +382,8 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
                             quarantined_files=[r.to_json() for r in data.rejects] if b == 1 else [])
               for b in range(0, data.n_batches + 1)}
     try:
-        records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0)
+        records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0,
+                                         punctuations=bool(data.punctuations))
     finally:
         if multi and not local:
             routed.unpersist()
@@ -431,7 +432,7 @@ def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner
     if pipelined:
         records = runner.run_pipelined(batches, prepared.routed.where("_batch >= 1"),
                                        {b: prepared.batch_input(b, routed=False) for b in batches}, compiled, bounds,
-                                       extras)
+                                       extras, punctuations=bool(prepared.punctuations))
     else:
         records = [runner.run(b, prepared.batch_input(b), compiled, purge_bound=bounds[b], extra=extras[b])
                    for b in batches]
