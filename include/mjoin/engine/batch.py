@@ -152,6 +152,11 @@ def _task_groups(t: pa.Table, merged: frozenset):
         yield run[0], tuple(run[1]), pa.concat_tables(run[2])
 
 
+#: a pipelined run on the driver uses more than one thread only when its batches average this many stage-1 rows
+#: (sf 1 seed query, 604 k rows: one thread ran the operator in 4.4-5.0 s against 5.8-6.2 s on two at 360
+#: batches of 10 s, 0.7-0.9 s against 1.3-1.4 s at 60 batches of 60 s, ~10 k rows a batch)
+PIPELINED_ROWS_PER_THREAD = 50_000
+
 #: the "partition" a thread of a batch run on the driver plays (``_run_task``); None: not such a thread
 _DRIVER_TASK = threading.local()
 
@@ -898,7 +903,7 @@ class BatchRunner:
         promised = any(k.split("/")[1].endswith(PROMISES) for k in prev_files)
         merged = frozenset() if punctuations or promised else \
             frozenset(ci for ci, c in enumerate(eq.classes) if not eq.is_band(c))
-        run_stage, next_input = (self._pipelined_local if local else self._pipelined_spark)(routed)
+        run_stage, next_input = self._pipelined_local(routed, len(batches)) if local else self._pipelined_spark(routed)
         docs, final, stage_seconds, physical = [], [], {}, {}
         stage_input, stage = routed, 1
         while True:
@@ -998,10 +1003,13 @@ class BatchRunner:
 
         return _spark_stage, next_input
 
-    def _pipelined_local(self, routed: pa.Table):
+    def _pipelined_local(self, routed: pa.Table, batches: int):
         """:meth:`_pipelined_spark` on the driver (no Spark job): a stage's rows split by bucket over
         ``driver_threads`` threads, each playing one Spark task (:func:`_run_task`; a thread's rows keep
-        the table's order by ``_batch``); the next stage's input read back with pyarrow."""
+        the table's order by ``_batch``); the next stage's input read back with pyarrow. With
+        ``driver_threads`` 0, one thread unless the batches average :data:`PIPELINED_ROWS_PER_THREAD` rows
+        or more (then the driver's cores): a small batch's operator time is Python calls that hold the GIL,
+        so a second thread only adds contention."""
         import pyarrow.compute as pc
 
         def next_input(folder, targets):
@@ -1012,7 +1020,9 @@ class BatchRunner:
             t = pa.concat_tables([x.cast(parts[-1].schema) for x in parts])
             return t.take(pc.sort_indices(t, sort_keys=[("_batch", "ascending")]))  # stable
 
-        return _driver_stage(self.config.threads_on_driver()), next_input
+        threads = self.config.driver_threads or (
+            self.config.threads_on_driver() if routed.num_rows >= PIPELINED_ROWS_PER_THREAD * max(1, batches) else 1)
+        return _driver_stage(threads), next_input
 
     # ---- metrics --------------------------------------------------------------------------------
     def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
