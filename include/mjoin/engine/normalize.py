@@ -24,6 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from .. import contract, eventtime, fsutil
@@ -360,9 +361,15 @@ def _spark_string(v) -> str:
 
 def raw_json(table: pa.Table) -> list:
     """Each row as the quarantine keeps it, ``json.dumps({col: _spark_string(v) for non-NULL v},
-    separators=(",", ":"))``, built column by column: integers and decimals of scale <= 6 (where
-    ``str(Decimal)`` never uses an exponent) as Arrow's string cast, which writes them as Python does;
-    other columns formatted once per distinct value. (Per row in Python it was ~15 ms of a micro-batch.)"""
+    separators=(",", ":"))``: :func:`raw_json_array` as Python strings."""
+    return raw_json_array(table).to_pylist()
+
+
+def raw_json_array(table: pa.Table) -> pa.Array:
+    """:func:`raw_json` as an Arrow string array, built column by column: integers and decimals of scale <= 6
+    (where ``str(Decimal)`` never uses an exponent) as Arrow's string cast, which writes them as Python does;
+    other columns formatted once per distinct value; the braces added by Arrow too. (Per row in Python it was
+    ~15 ms of a micro-batch.)"""
     import json
 
     import pyarrow.compute as pc
@@ -386,19 +393,96 @@ def raw_json(table: pa.Table) -> list:
             frag = frags.take(enc.indices)
         parts.append(pc.fill_null(frag, ""))
     if not parts:
-        return ["{}"] * table.num_rows
+        return pa.array(["{}"] * table.num_rows, pa.string())
     # (no NULLs left: pyarrow's join with null_handling="skip" drops rows whose inputs are all NULL)
-    joined = (parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "")).to_pylist()
-    return ["{" + x[1:] + "}" for x in joined]
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "")
+    return pc.binary_join_element_wise(pa.scalar("{"), pc.utf8_slice_codeunits(joined, 1), pa.scalar("}"), "")
+
+
+def _read_many(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray]:
+    """``(rows, index into paths of each row's file)`` of the Parquet files ``paths`` (one filesystem) read as
+    ``schema`` (their declared columns) in one multi-threaded scan (pyarrow.dataset: the files are read and
+    decoded in parallel by Arrow's thread pools, no Python per file); each batch is tagged with its file."""
+    import pyarrow.dataset as ds
+
+    fs = fsutil.resolve(paths[0])[0]
+    rel = [fsutil.resolve(p)[1] for p in paths]
+    index = {p: i for i, p in enumerate(rel)}
+    dataset = ds.FileSystemDataset.from_paths(rel, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
+    batches, owner = [], []
+    for tagged in dataset.scanner(columns=schema.names, use_threads=True).scan_batches():
+        rb = tagged.record_batch
+        if rb.num_rows:
+            batches.append(rb)
+            owner.append(np.full(rb.num_rows, index[tagged.fragment.path], np.int32))
+    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()  # (one chunk per file otherwise)
+    return table, (np.concatenate(owner) if owner else np.zeros(0, np.int32))
+
+
+def read_group(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray, list]:
+    """``(rows, file index of each row, [(path, error)] of the files that could not be read)``: the files of one
+    group in one scan (:func:`_read_many`); if that fails (a file whose footer passed the contract but whose data
+    does not read, or gone since), each file on its own, so that only the failing ones are left out (and
+    quarantined by the caller), never the whole read."""
+    if not paths:
+        return schema.empty_table(), np.zeros(0, np.int32), []
+    same_fs = len({type(fsutil.resolve(p)[0]).__name__ for p in paths}) == 1
+    if same_fs:
+        try:
+            table, owner = _read_many(paths, schema)
+            return table, owner, []
+        except (OSError, pa.ArrowException) as exc:
+            log.warning("reading %d files at once failed (%s): reading them one by one", len(paths), exc)
+    tables, owners, failed = [], [], []
+    for i, p in enumerate(paths):
+        try:
+            t, _ = _read_many([p], schema)
+        except (OSError, pa.ArrowException) as exc:
+            failed.append((p, f"not a readable Parquet file ({type(exc).__name__}: {exc})"))
+            continue
+        tables.append(t)
+        owners.append(np.full(t.num_rows, i, np.int32))
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return table, (np.concatenate(owners) if owners else np.zeros(0, np.int32)), failed
+
+
+def _cast_payload(src: pa.ChunkedArray, target: pa.DataType, owner: np.ndarray) -> pa.Array:
+    """A payload column cast to its slot's type; where the cast of the whole column fails, file by file (``owner``:
+    the file of each row), a file whose values do not all convert getting NULLs (the per-file rule)."""
+    import pyarrow.compute as pc
+
+    safe = not pa.types.is_timestamp(target)
+    try:
+        return pc.cast(src, target, safe=safe)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    src = src.combine_chunks() if isinstance(src, pa.ChunkedArray) else src
+    out, start = [], 0
+    bounds = np.flatnonzero(np.diff(owner)) + 1 if len(owner) else np.zeros(0, np.int64)
+    for end in list(bounds) + [len(owner)]:
+        part = src.slice(start, end - start)
+        try:
+            out.append(pc.cast(part, target, safe=safe))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            out.append(pa.nulls(end - start, target))
+        start = end
+    return pa.concat_arrays(out) if out else pa.nulls(0, target)
+
+
+#: ``_reason`` by code: 0 = valid (NULL), then the row reasons
+_REASON_BY_CODE = pa.array([None, "null_key", "bad_type", "bad_time", "late"], pa.string())
 
 
 def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None) -> pa.Table | None:
     """:func:`normalize_streams` on the driver with pyarrow (no Spark job): the rows of every accepted file
     in the engine's input layout (:func:`mjoin.engine.frame.input_ddl`: payload in its stream's slots), with
-    ``_reason``, ``_file``, ``_raw``. Only for streams :func:`local_supported` accepts."""
-    import numpy as np
+    ``_reason``, ``_file``, ``_raw``. Only for streams :func:`local_supported` accepts.
+
+    Each group of same-schema files is read in one multi-threaded scan (:func:`read_group`) and normalised as
+    one table (the per-file rules: the event time's conversion by the group's type, ``_file`` from each row's
+    file); a file whose data does not read is quarantined whole (``unreadable``: added to
+    ``inspected.rejects``, its rows taken out of the accepted ones) and the others are read."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     from .frame import arrow_input_schema, payload_slots
 
@@ -407,54 +491,55 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     parts = []
     for (name, _sig), (fschema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
         stream = query.stream(name)
-        for path in paths:
-            fs, p = fsutil.resolve(path)
-            with fs.open_input_file(p) as fh:
-                t = pq.read_table(fh, columns=list(stream.columns))
-            n = t.num_rows
-            if n == 0:
-                continue
-            cols = {"_kind": pa.array(np.ones(n, np.int8)), "_s": pa.array(np.full(n, eq.index(name), np.int32))}
-            ts = _micros(t.column(stream.event_time.column), _kind(fschema.field(stream.event_time.column).type))
-            cols["_ts"] = ts
-            null_key = np.zeros(n, bool)
-            for c in eq.stream_classes[name]:
-                col = eq.key_columns[(name, c)]
-                src = t.column(col)
-                if eq.is_band(c) and eq.band_scale[c]:  # a band value in integer units
-                    src = pc.multiply(src, pa.scalar(10 ** eq.band_scale[c], pa.int64()))
-                k = pc.cast(src, pa.int64())
-                cols[key_name(c)] = k
-                null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-            bad_type = np.zeros(n, bool)
-            for col, _spec in eq.payload[name]:
-                slot = slot_of[payload_name(name, col)]
-                target = schema.field(slot).type
-                src = t.column(col)
-                try:
-                    v = pc.cast(src, target, safe=not pa.types.is_timestamp(target))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    v = pa.array([None] * n, target)
-                cols[slot] = v
-                bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
-            ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-            reason = np.full(n, None, dtype=object)
-            late = np.zeros(n, bool)
-            if late_before is not None:
-                late = ~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))
-            for mask, why in ((late, "late"), (ts_null, "bad_time"), (bad_type, "bad_type"), (null_key, "null_key")):
-                reason[mask] = why  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
-            bad = np.flatnonzero(reason != None)  # noqa: E711 (numpy elementwise)
-            cols["_reason"] = pa.array(reason.tolist(), pa.string())
-            file_col = np.full(n, None, dtype=object)
-            raw_col = np.full(n, None, dtype=object)
-            if len(bad):
-                file_col[bad] = path if fsutil.is_url(path) else "file://" + os.path.abspath(path)
-                raw_col[bad] = raw_json(t.take(pa.array(bad)))
-            cols["_file"] = pa.array(file_col.tolist(), pa.string())
-            cols["_raw"] = pa.array(raw_col.tolist(), pa.string())
-            parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
-                                   for f in schema], schema=schema))
+        read_as = pa.schema([fschema.field(c) for c in stream.columns])
+        t, owner, failed = read_group(paths, read_as)
+        for path, detail in failed:
+            facts = inspected.accepted.pop((name, path), None)
+            rows = facts.rows if facts is not None else None
+            inspected.rows -= rows or 0
+            inspected.rejects.append(FileReject(name, path, contract.RULES["input.files_readable"], detail, rows,
+                                                "input.files_readable"))
+        n = t.num_rows
+        if n == 0:
+            continue
+        cols = {"_kind": pa.array(np.ones(n, np.int8)), "_s": pa.array(np.full(n, eq.index(name), np.int32))}
+        ts = _micros(t.column(stream.event_time.column), _kind(fschema.field(stream.event_time.column).type))
+        cols["_ts"] = ts
+        null_key = np.zeros(n, bool)
+        for c in eq.stream_classes[name]:
+            col = eq.key_columns[(name, c)]
+            src = t.column(col)
+            if eq.is_band(c) and eq.band_scale[c]:  # a band value in integer units
+                src = pc.multiply(src, pa.scalar(10 ** eq.band_scale[c], pa.int64()))
+            k = pc.cast(src, pa.int64())
+            cols[key_name(c)] = k
+            null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        bad_type = np.zeros(n, bool)
+        for col, _spec in eq.payload[name]:
+            slot = slot_of[payload_name(name, col)]
+            src = t.column(col)
+            v = _cast_payload(src, schema.field(slot).type, owner)
+            cols[slot] = v
+            bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
+        ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        code = np.zeros(n, np.int8)
+        if late_before is not None:
+            code[~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))] = 4
+        for mask, c in ((ts_null, 3), (bad_type, 2), (null_key, 1)):
+            code[mask] = c  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
+        good = code == 0
+        cols["_reason"] = _REASON_BY_CODE.take(pa.array(code))
+        if good.all():
+            cols["_file"] = pa.nulls(n, pa.string())
+            cols["_raw"] = pa.nulls(n, pa.string())
+        else:
+            urls = pa.array([p if fsutil.is_url(p) else "file://" + os.path.abspath(p) for p in paths], pa.string())
+            cols["_file"] = urls.take(pa.array(owner, mask=good))
+            bad = np.flatnonzero(~good)
+            raws = raw_json_array(t.take(pa.array(bad)))
+            cols["_raw"] = raws.take(pa.array(np.cumsum(~good, dtype=np.int64) - 1, mask=good))
+        parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
+                               for f in schema], schema=schema))
     return pa.concat_tables(parts) if parts else None
 
 
