@@ -491,7 +491,8 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     parts = []
     for (name, _sig), (fschema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
         stream = query.stream(name)
-        read_as = pa.schema([fschema.field(c) for c in stream.columns])
+        # (the group's declared columns, nullable: the group is by type alone, a file may allow NULLs another does not)
+        read_as = pa.schema([pa.field(c, fschema.field(c).type) for c in stream.columns])
         t, owner, failed = read_group(paths, read_as)
         for path, detail in failed:
             facts = inspected.accepted.pop((name, path), None)
