@@ -51,8 +51,8 @@ def add_arguments(p):
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
     e.add_argument("--driver-rows", type=int, default=1_000_000, metavar="N",
                    help="run on the driver (no Spark job) a micro-batch whose state plus new rows hold at most N "
-                        "tuples, and an interval whose accepted files hold at most min(N, 100000) rows "
-                        "(EngineConfig.interval_driver_rows) (default 1000000; 0: always on the executors)")
+                        "tuples, and an interval whose accepted files hold at most N rows "
+                        "(default 1000000; 0: always on the executors)")
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
     e.add_argument("--psp-slices", default="auto", metavar="N|auto",
                    help="slices of the state of streams joined by a band alone (PSP; fixed for the life of a state). "

@@ -75,10 +75,11 @@ class EngineConfig:
     #: their footers); 0: always on the executors. See docs/engine.md ("Small batches on the driver").
     driver_rows: int = 1_000_000
     #: a single-plan interval run goes to the driver only while its accepted files hold at most this many
-    #: rows (and at most ``driver_rows``): measured faster than Spark at 60 k rows (1.55 s vs 2.55 s, 42
-    #: batches), slower at 604 k (14.5 s vs 9.1 s, 180 batches: the driver's threads share the GIL); the
-    #: crossover is not measured (bench/evaluation/README.md). 0: intervals always on Spark.
-    interval_driver_rows: int = 100_000
+    #: rows (and at most ``driver_rows``). It was 100 k while the driver's threads ran each bucket alone (sf 1,
+    #: 604 k rows: 14.5 s vs 9.1 s on Spark); with one scan of the input, merged buckets and one thread the
+    #: driver is ahead at sf 1 (5.7-8.6 s vs 9.3-13.3 s; dense, 2.2 M results: 2.1-2.5 s vs 8.5-11.6 s).
+    #: 0: intervals always on Spark. See docs/engine.md ("Small intervals").
+    interval_driver_rows: int = 1_000_000
     #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
     #: would split them over tasks (0: the driver's cores, at most 4; a pipelined interval on the driver:
     #: one, unless its batches average ``batch.PIPELINED_ROWS_PER_THREAD`` rows)
