@@ -150,26 +150,31 @@ def drop_null_keys(landed: Path) -> dict:
     return dropped
 
 
-def run_mjoin(spark, landed: Path, out: Path, span) -> dict:
+def run_mjoin(spark, landed: Path, out: Path, span, default_path: bool = False) -> dict:
+    """The engine over the interval on the Spark path (``driver_rows=0``, what the issue's goals were set on), or
+    with ``default_path`` the engine's default (an interval of at most ``driver_rows`` rows runs on the driver:
+    its input and operator phases are then ``input_driver`` and ``operator_driver``)."""
     from mjoin.engine import EngineConfig, result_fingerprint, run_interval
 
     shutil.rmtree(out, ignore_errors=True)
     with PeakRSS() as mem:
         t0 = time.perf_counter()
         s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out),
-                         config=EngineConfig(buckets=16, driver_rows=0))
+                         config=EngineConfig(buckets=16) if default_path else EngineConfig(buckets=16, driver_rows=0))
         wall = time.perf_counter() - t0
     stages = s.extra["phases"]["spark_stages"]
-    phases = {"contract_checks_driver": s.extra["phases"]["contract_checks_driver"],
-              "input_stage": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "input"),
-              "operator_stages": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "operator")}
+    ph = s.extra["phases"]
+    phases = {"contract_checks_driver": ph["contract_checks_driver"],
+              "input_stage": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "input") + ph.get("input_driver", 0.0),
+              "operator_stages": sum(x["wall_seconds"] or 0 for x in stages if x["kind"] == "operator")
+              + ph.get("operator_driver", 0.0)}
     phases["rest"] = wall - sum(phases.values())  # planning, job start, commit, metrics
     rows_in = sum(s.rows_in.values()) + sum(sum(v.values()) for v in s.quarantined.values())
     doc = {"engine": "mjoin", "wall_seconds": wall, "phases": phases,
            "input_share": (phases["contract_checks_driver"] + phases["input_stage"]) / wall,
            "spark_stages": stages, "rows_in": rows_in, "result_rows": s.result_rows,
            "peak_rss_mb": mem.mb(), "state_bytes": du(out / "state"), "results_bytes": du(out / "results"),
-           "batches": s.batches}
+           "batches": s.batches, "execution": s.extra.get("execution")}
     doc["tasks"] = {f"{kind}_{k}": sum(x[k] for x in stages if x["kind"] == kind)
                     for kind in ("input", "operator") for k in ("task_seconds", "task_cpu_seconds")}
     doc["fingerprint"] = result_fingerprint(str(out), QUERY)
@@ -239,17 +244,21 @@ def median_spread(xs: list) -> dict:
 
 
 def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, native_timeout: float,
-             native_rounds: int = 1, densities=tuple(DENSITIES)) -> dict:
+             native_rounds: int = 1, densities=tuple(DENSITIES), default_max_sf: float = 1.0) -> dict:
     from mjoin.engine.metrics import git_commit, machine
 
     load_before = os.getloadavg()
     out = {"benchmark": "scale", "sf": sf, "machine": machine(), "load_before": load_before,
-           "git_commit": git_commit(PROJECT), "versions": versions(), "densities": {}}
+           "git_commit": git_commit(PROJECT), "versions": versions(), "densities": {},
+           # the contract's footer cache (a re-run in one process reads no footer again): "0" = off, every run
+           # pays a first run's footer reads
+           "footers_cache": os.environ.get("MJOIN_FOOTERS_CACHE", "on")}
     for density in densities:
         landed, man = workload(sf, density, work)
         span = (man.start_epoch, man.end_epoch + 60)
         files = sum(1 for _ in (landed / "streams").rglob("*.parquet"))
-        kinds = ["mjoin", "duckdb"] + (["native"] if sf <= native_max_sf else [])
+        kinds = ["mjoin", "duckdb"] + (["native"] if sf <= native_max_sf else []) + \
+            (["mjoin-default"] if sf <= default_max_sf else [])
         runs = {k: [] for k in kinds}
         if not WARM:  # warm-up (JVM JIT, Python workers), once per process, not measured
             run_mjoin(spark, landed, work / "out-warm", span)
@@ -259,8 +268,8 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
             order = list(kinds)
             random.Random(r).shuffle(order)
             for k in order:
-                if k == "mjoin":
-                    res = run_mjoin(spark, landed, work / "out-mjoin", span)
+                if k in ("mjoin", "mjoin-default"):
+                    res = run_mjoin(spark, landed, work / f"out-{k}", span, default_path=k == "mjoin-default")
                 elif k == "duckdb":
                     res = run_duckdb(landed, work / "out-duckdb", span, work / "spill")
                 else:
@@ -285,13 +294,24 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
                "rows_per_second": {k: (rows_in / v["median"] if v else None) for k, v in summary.items()},
                "mjoin_phases_median": phases,
                "mjoin_input_share_median": statistics.median(x["input_share"] for x in m),
+               # the engine's default path (on the driver up to driver_rows rows): its phases and input share
+               **({"mjoin_default_execution": runs["mjoin-default"][0]["execution"],
+                   "mjoin_default_phases_median": {p: statistics.median(x["phases"][p] for x in runs["mjoin-default"])
+                                                   for p in runs["mjoin-default"][0]["phases"]},
+                   "mjoin_default_input_share_median": statistics.median(x["input_share"]
+                                                                         for x in runs["mjoin-default"])}
+                  if runs.get("mjoin-default") else {}),
                "peak_rss_mb_max": {k: {c: max(x["peak_rss_mb"][c] for x in v if "peak_rss_mb" in x) for c in
                                        ("driver_python", "jvm", "python_workers")} for k, v in runs.items()
                                    if any("peak_rss_mb" in x for x in v)},
                "state_bytes": m[0]["state_bytes"],
                "vs": {"duckdb_over_mjoin": summary["duckdb"]["median"] / summary["mjoin"]["median"],
                       "native_over_mjoin": (summary["native"]["median"] / summary["mjoin"]["median"]
-                                            if summary.get("native") else None)},
+                                            if summary.get("native") else None),
+                      **({"duckdb_over_mjoin_default": summary["duckdb"]["median"] / summary["mjoin-default"]["median"],
+                          "native_over_mjoin_default": (summary["native"]["median"] / summary["mjoin-default"]["median"]
+                                                        if summary.get("native") else None)}
+                         if summary.get("mjoin-default") else {})},
                "runs": runs}
         out["densities"][density] = doc
         print(json.dumps({k: doc[k] for k in ("rows_in", "result_rows", "identical_results", "wall",
@@ -347,6 +367,8 @@ def main(argv=None) -> int:
     ap.add_argument("--native-timeout", type=float, default=600.0)
     ap.add_argument("--native-rounds", type=int, default=1, help="spark-native is 10-50x slower: 1 round by default")
     ap.add_argument("--densities", nargs="*", default=list(DENSITIES), choices=list(DENSITIES))
+    ap.add_argument("--default-max-sf", type=float, default=1.0,
+                    help="also run the engine's default path (on the driver up to driver_rows rows) up to this size")
     ap.add_argument("--work", default=None, help="scratch folder (default: a new one under /tmp)")
     ap.add_argument("--plot", action="store_true", help="only redraw the plot")
     args = ap.parse_args(argv)
@@ -365,7 +387,7 @@ def main(argv=None) -> int:
     ok = True
     for sf in args.sf:
         doc = one_size(spark, sf, args.rounds, work, args.native_max_sf, args.native_timeout, args.native_rounds,
-                       args.densities)
+                       args.densities, args.default_max_sf)
         path = results / f"scale-sf{sf:g}.json"
         path.write_text(json.dumps(doc, indent=1, default=str))
         ok &= all(d["identical_results"] for d in doc["densities"].values())
