@@ -338,14 +338,15 @@ def plot(results_dir: Path) -> Path | None:
     if not docs:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    styles = {"mjoin": "-o", "duckdb": "--s", "native": ":^"}
+    styles = {"mjoin": "-o", "mjoin-default": "-.D", "duckdb": "--s", "native": ":^"}
     for density, color in (("dense", "#c44"), ("sparse", "#27a")):
         for kind, style in styles.items():
             pts = [(d["sf"], d["densities"][density]["seconds_per_million_tuples"].get(kind)) for d in docs
                    if density in d["densities"]]
             pts = [(x, y) for x, y in pts if y is not None]
             if pts:
-                ax.plot(*zip(*pts), style, color=color, label=f"{kind}, {density}")
+                name = {"mjoin": "mjoin (Spark path)", "mjoin-default": "mjoin (default: driver up to 1 M rows)"}.get(kind, kind)
+                ax.plot(*zip(*pts), style, color=color, label=f"{name}, {density}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("TPC-DS scale factor")
