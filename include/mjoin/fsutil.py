@@ -88,10 +88,19 @@ def write_buffers(path, buffers) -> None:
     """A new file of the buffers one after the other, written in place (not atomic: for files under unique
     names that nothing reads before a later commit names them, e.g. state pieces)."""
     fs, p = resolve(path)
-    fs.create_dir(os.path.dirname(p), recursive=True)
-    with fs.open_output_stream(p) as f:
+    with _open_output(fs, p) as f:
         for b in buffers:
             f.write(b)
+
+
+def _open_output(fs, p: str):
+    """``fs.open_output_stream(p)``, its folder made only when it does not exist yet (tried first: most
+    writes go to a folder that exists, and a ``create_dir`` per file was a stat per file)."""
+    try:
+        return fs.open_output_stream(p)
+    except FileNotFoundError:
+        fs.create_dir(os.path.dirname(p), recursive=True)
+        return fs.open_output_stream(p)
 
 
 def read_text(path) -> str:
@@ -104,10 +113,10 @@ def atomic_output(path):
     to a temporary name in the same folder, then renamed over the target (a failed write leaves no file)."""
     fs, p = resolve(path)
     parent = os.path.dirname(p)
-    fs.create_dir(parent, recursive=True)
     tmp = f"{parent}/.{os.path.basename(p)}.{uuid.uuid4().hex}.tmp"
+    out = _open_output(fs, tmp)
     try:
-        with fs.open_output_stream(tmp) as f:
+        with out as f:
             yield f
     except BaseException:
         try:
