@@ -7,7 +7,11 @@ stream (``<lake>[/<ns>]/quarantine/<query>/<stream>/``),
   (:mod:`mjoin.contract`): ``{stream, path, reason, rule, detail, rows}`` (the file stays where it
   landed; it is only not joined);
 - ``rows/batch=<B>/*.parquet``: rows rejected one by one (``reason``: null_key, bad_type, bad_time,
-  late; ``file``: where the row came from; ``row``: the row's declared columns as JSON).
+  late; ``file``: where the row came from; ``row``: the row's declared columns as JSON), one folder per
+  batch (streaming micro-batches, per-batch runs); a pipelined interval run writes the rows of all its
+  batches to ``rows/batches=<F>-<L>/*.parquet`` with a column ``batch`` instead (a few files per stream
+  and run, not one per batch; the folder names of :mod:`mjoin.engine.results`, a batch's own folder
+  winning over a range). :func:`rejected_rows` reads both.
 
 :func:`entries` lists both, each with a stable id (``f-<hash>`` for a file, ``r-<stream>-<batch>-<reason>``
 for a set of rows). :func:`replay` lands a fixed file, or the quarantined rows (as they are, or a
@@ -85,29 +89,55 @@ def entries(lake, query) -> list[Entry]:
                     out.append(Entry(id=_file_id(rec["path"]), kind="file", stream=stream, batch=batch,
                                      reason=rec["reason"], rows=rec.get("rows"), detail=rec.get("detail", ""),
                                      path=rec["path"], rule=rec.get("rule")))
-        rows_dir = fsutil.join(base, "rows")
-        for bname in fsutil.listdir(rows_dir):
-            if not bname.startswith("batch="):
-                continue
-            batch = int(bname[len("batch="):])
-            folder = fsutil.join(rows_dir, bname)
-            parts = [fsutil.join(folder, n) for n in fsutil.listdir(folder) if n.endswith(".parquet")]
-            if not parts:
-                continue
-            table = pa.concat_tables([_read(p).select(["reason"]) for p in parts])
-            counts = table.group_by("reason").aggregate([("reason", "count")]).to_pylist()
-            for c in sorted(counts, key=lambda c: c["reason"]):
-                out.append(Entry(id=f"r-{stream}-{batch}-{c['reason']}", kind="rows", stream=stream, batch=batch,
-                                 reason=c["reason"], rows=c["reason_count"], path=folder))
+        rows = rejected_rows(lake, query.name, stream, columns=["reason"], with_folder=True)
+        if rows.num_rows:
+            counts = rows.group_by(["batch", "reason", "folder"]).aggregate([("reason", "count")]).to_pylist()
+            for c in counts:
+                out.append(Entry(id=f"r-{stream}-{c['batch']}-{c['reason']}", kind="rows", stream=stream,
+                                 batch=c["batch"], reason=c["reason"], rows=c["reason_count"], path=c["folder"]))
     for e in out:
         e.replayed = _replay_record(lake, query.name, e.id)
     return sorted(out, key=lambda e: (e.batch, e.stream, e.kind, e.id))
 
 
-def _read(path: str) -> pa.Table:
+def rejected_rows(lake, query_name: str, stream: str, columns=None, *, with_folder: bool = False) -> pa.Table:
+    """Every row of ``stream`` the join job quarantined, both layouts (a batch's folder ``rows/batch=<B>/`` and
+    a pipelined run's ``rows/batches=<F>-<L>/`` with a ``batch`` column; a batch's own folder wins): ``batch``
+    (int64), then ``columns`` (default ``reason``, ``file``, ``row``), with ``with_folder`` the folder that
+    holds each row (an entry's ``path``)."""
+    from .engine.results import batch_folders
+
+    columns = list(columns or ("reason", "file", "row"))
+    rows_dir = fsutil.join(lake.quarantine(query_name, stream), "rows")
+    folders = batch_folders(rows_dir, committed_only=False)
+    by_folder: dict = {}
+    for b in sorted(folders):
+        by_folder.setdefault(folders[b], []).append(b)
+    tables = []
+    for (folder, ranged), bs in by_folder.items():
+        for name in fsutil.listdir(folder):
+            if not name.endswith(".parquet"):
+                continue
+            if ranged:
+                t = _read(fsutil.join(folder, name), ["batch"] + columns)
+                t = t.filter(pc.is_in(t.column("batch"), value_set=pa.array(bs, t.column("batch").type)))
+                t = t.set_column(0, "batch", pc.cast(t.column("batch"), pa.int64()))
+            else:
+                t = _read(fsutil.join(folder, name), columns)
+                t = t.add_column(0, "batch", pa.array([bs[0]] * t.num_rows, pa.int64()))
+            if with_folder:
+                t = t.append_column("folder", pa.array([folder] * t.num_rows, pa.string()))
+            tables.append(t)
+    if not tables:
+        names = ["batch"] + columns + (["folder"] if with_folder else [])
+        return pa.table({n: pa.array([], pa.int64() if n == "batch" else pa.string()) for n in names})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _read(path: str, columns=None) -> pa.Table:
     fs, p = fsutil.resolve(path)
     with fs.open_input_file(p) as fh:
-        return pq.read_table(fh)
+        return pq.read_table(fh, columns=columns)
 
 
 def find(lake, query, entry_id: str) -> Entry:
@@ -123,8 +153,11 @@ def rows_of(entry: Entry, query) -> pa.Table:
     that do not convert back are NULL)."""
     stream = query.stream(entry.stream)
     parts = [fsutil.join(entry.path, n) for n in fsutil.listdir(entry.path) if n.endswith(".parquet")]
-    table = pa.concat_tables([_read(p) for p in parts])
-    table = table.filter(pc.equal(table.column("reason"), entry.reason))
+    table = pa.concat_tables([_read(p) for p in parts], promote_options="default")
+    keep = pc.equal(table.column("reason"), entry.reason)
+    if "batch" in table.column_names:  # a pipelined run's folder holds the rows of several batches
+        keep = pc.and_(keep, pc.equal(table.column("batch"), entry.batch))
+    table = table.filter(keep)
     docs = [json.loads(r) for r in table.column("row").to_pylist()]
     cols = {}
     for c, t in stream.columns.items():
