@@ -23,7 +23,11 @@ batch of the interval: each task takes its buckets' rows sorted by batch and run
 the task's memory. Same operator, same results and per-batch metrics, but no per-batch
 Spark job (in the trial and in the first benchmark, the per-batch job overhead was most
 of the batch time and hid the order). Only the final state is made durable (an interval
-run is a pure function of the lake: it is re-run, never resumed).
+run is a pure function of the lake: it is re-run, never resumed). Its outputs are written per
+run, not per batch: each task's results of all its batches in few files of one range folder
+``results/<query>/batches=<first>-<last>/`` (a ``_batch`` column) under one ``_SUCCESS``, its
+rejected rows likewise per stream, the metrics records as one ``metrics.jsonl``
+(:mod:`mjoin.engine.results` and :mod:`mjoin.quarantine` read both layouts).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import fsutil
 from ..pools import shared_pool
@@ -46,10 +51,10 @@ from .compiled import CompiledPlan, EngineQuery, key_name
 from .config import EngineConfig, EngineError
 from .frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
                     spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
-from .metrics import shuffle_bytes, stage_times, write_record
+from .metrics import shuffle_bytes, stage_times, write_jsonl, write_record
 from .normalize import REASONS
 from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
-from .results import write_parquet
+from .results import RowFiles, clear_batches, range_name, with_batch_column, write_parquet
 from .state import StateStore, StateWriter, file_key, load_state
 
 log = logging.getLogger(__name__)
@@ -223,19 +228,26 @@ def _split_rejects(t: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     return t.filter(pa.array(~bad)), t.filter(pa.array(bad))
 
 
-def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: int, tag: str) -> dict:
-    """Rejected rows to ``<quarantine>/<stream>/rows/batch=<B>/part-<tag>.parquet`` (reason, file, row);
-    returns stream -> reason -> rows."""
+def _rejects_by_stream(rej: pa.Table, streams: tuple):
+    """``(stream, rows, reason -> count)`` per stream of a task's rejected rows; ``rows``: the quarantine's
+    columns (reason, file, row = the row as JSON)."""
     s_idx = np.asarray(rej.column("_s").to_numpy(zero_copy_only=False), dtype=np.int64)
+    uniq = np.unique(s_idx)
+    for si in uniq:
+        part = rej if len(uniq) == 1 else rej.filter(pa.array(s_idx == si))
+        counts = pc.value_counts(part.column("_reason"))
+        yield (streams[int(si)],
+               pa.table({"reason": part.column("_reason"), "file": part.column("_file"), "row": part.column("_raw")}),
+               {str(r): int(c) for r, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())})
+
+
+def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: int, tag: str) -> dict:
+    """Rejected rows of one batch to ``<quarantine>/<stream>/rows/batch=<B>/part-<tag>.parquet`` (reason, file,
+    row); returns stream -> reason -> rows."""
     counts: dict = {}
-    for si in np.unique(s_idx):
-        part = rej.filter(pa.array(s_idx == si))
-        stream = streams[int(si)]
-        write_parquet(fsutil.join(quarantine_root, stream, "rows", f"batch={batch}", f"part-{tag}.parquet"),
-                      pa.table({"reason": part.column("_reason"), "file": part.column("_file"),
-                                "row": part.column("_raw")}))
-        reasons, n = np.unique(np.asarray(part.column("_reason").to_pylist(), dtype=object), return_counts=True)
-        counts[stream] = {str(r): int(c) for r, c in zip(reasons, n)}
+    for stream, rows, c in _rejects_by_stream(rej, streams):
+        write_parquet(fsutil.join(quarantine_root, stream, "rows", f"batch={batch}", f"part-{tag}.parquet"), rows)
+        counts[stream] = c
     return counts
 
 
@@ -424,13 +436,17 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
     return run
 
 
-def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_root: str, partials_dir: str,
+def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
                     cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None,
-                    quarantine_root: str, warmup: int | None = None, merged: frozenset = frozenset()):
+                    quarantine_root: str, rows_folder: str, warmup: int | None = None,
+                    merged: frozenset = frozenset()):
     """The mapInArrow function of one stage of a pipelined interval run: the task's rows of every
     batch arrive sorted by ``_batch``; each complete batch is run bucket by bucket against the
     state the task keeps in memory (loaded once from the committed state before the first batch).
-    Stage 1 finally makes the last state durable (version ``final_version``).
+    The task's results of all its batches go to few files in ``results_dir`` (the run's range folder,
+    :class:`mjoin.engine.results.RowFiles`, column ``_batch``), its rejected rows likewise to
+    ``<quarantine>/<stream>/rows/<rows_folder>/`` (column ``batch``). Stage 1 finally makes the last
+    state durable (version ``final_version``).
 
     ``merged``: classes whose buckets of this task run as one (one :func:`process_bucket` call per batch
     for all of them, the state of all of them in one :class:`KeyedRows` per stream, split by bucket again
@@ -443,16 +459,25 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
     def run(batches):
         part = _partition_id()
         pid = os.getpid()
+        tag = f"s{ctx.stage}-p{part:05d}"
         state: dict = {}  # (class index, bucket or None = merged) -> {stream: KeyedRows}
         thresholds: dict = {}  # (class index, bucket or None, stream) -> purge threshold of the last batch
         loaded: dict = {}  # merged class index -> buckets whose committed state is in its merged state
         partials: list = []
+        results_out = RowFiles(results_dir, tag)
+        rejects_out: dict = {}  # stream -> RowFiles of its rejected rows
 
         def one_batch(b: int, t: pa.Table):
             bctx = replace(ctx, batch_id=b, purge_bound=purge_bounds[b], emit=b != warmup)
             t, rejected = _split_rejects(t)
             if rejected is not None:
-                counts = _write_rejects(rejected, quarantine_root, ctx.eq.streams, b, f"p{part:05d}")
+                counts = {}
+                for stream, rows, c in _rejects_by_stream(rejected, ctx.eq.streams):
+                    if stream not in rejects_out:
+                        rejects_out[stream] = RowFiles(fsutil.join(quarantine_root, stream, "rows", rows_folder),
+                                                       f"p{part:05d}")
+                    rejects_out[stream].add(with_batch_column(rows, b, "batch"))
+                    counts[stream] = c
                 yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": b})]})
             if not t.num_rows:
                 return
@@ -493,12 +518,8 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
                 out.doc["write_seconds"] = 0.0
                 out.doc["pid"] = pid
                 docs.append(out.doc)
-            t0 = time.perf_counter()
-            if results:
-                write_parquet(fsutil.join(results_root, f"batch={b}", f"part-s{ctx.stage}-p{part:05d}.parquet"),
-                              pa.concat_tables(results))
-            if docs:
-                docs[-1]["write_seconds"] = time.perf_counter() - t0
+            if results and docs:  # buffered; written when the task's buffer is full (then timed here) or at its end
+                docs[-1]["write_seconds"] = results_out.add(with_batch_column(pa.concat_tables(results), b))
             for d in docs:
                 yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
 
@@ -529,7 +550,11 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
             pending, pending_batch = [t.slice(cut)], last
         if pending:
             yield from complete(pending)
-        tag = f"s{ctx.stage}-p{part:05d}"
+        t0 = time.perf_counter()
+        results_out.close()
+        for out in rejects_out.values():
+            out.close()
+        yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"files_seconds": time.perf_counter() - t0, "pid": pid})]})
         if partials:
             write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), pa.concat_tables(partials))
         if final_version is not None and state:
@@ -853,7 +878,7 @@ class BatchRunner:
 
     # ---- every batch of an interval: one Spark job per stage, or on the driver ------------------------
     def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
-                      extras: dict | None = None, write_metrics: bool = True, warmup: int | None = None,
+                      extras: dict | None = None, write_metrics: bool = False, warmup: int | None = None,
                       punctuations: bool = True) -> list:
         """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage, or on
         the driver.
@@ -867,10 +892,14 @@ class BatchRunner:
         Returns one metrics record per batch, as :meth:`run` would, except that the time is measured per
         stage: each batch's ``wall_seconds`` (and stage times) is the run's wall time apportioned by the
         batch's share of the task time (``execution`` holds the exact totals).
-        ``warmup``: a batch that only builds the state (emits nothing; no metrics file is written for
-        it, its record is returned first).
+        ``warmup``: a batch that only builds the state (emits nothing, not in the metrics; its record is
+        returned first). ``write_metrics``: also write the records (without the warm-up's) as the metrics
+        folder's ``metrics.jsonl``, one file (interval runs write it themselves).
         ``punctuations``: whether the batches may hold punctuations (False: the caller knows they do not; then
-        each task runs all of its buckets of a class in one operator call, see :func:`_pipelined_task`)."""
+        each task runs all of its buckets of a class in one operator call, see :func:`_pipelined_task`).
+        Outputs: the results of all the batches in one range folder ``results/<query>/batches=<first>-<last>/``
+        with one ``_SUCCESS`` (:mod:`mjoin.engine.results`), the rejected rows in
+        ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.quarantine`)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         extras = extras or {}
         batches = sorted(batches)
@@ -888,9 +917,13 @@ class BatchRunner:
             raise EngineError(f"the state of {eq.name} is at batch {latest['version']}, not before batch {first}")
         prev = self.store.latest_before(first)
         prev_files = dict(prev["files"]) if prev else {}
-        for b in batches:
-            fsutil.remove(fsutil.join(self.results_root, f"batch={b}"))
-        self.clear_quarantined_rows(batches)
+        rng = range_name(first, last)
+        results_dir = fsutil.join(self.results_root, rng)
+        # an earlier attempt's output of these batches, in either layout (results.clear_batches): a re-run
+        # replaces it, never adds to it
+        clear_batches(self.results_root, batches)
+        for stream in eq.streams:
+            clear_batches(fsutil.join(self.quarantine_root, stream, "rows"), batches)
         tmp = self.store.tmp_dir(last)
         fsutil.remove(tmp)
         cache_bytes = cfg.state_cache_mb * 1024 * 1024
@@ -904,18 +937,20 @@ class BatchRunner:
         merged = frozenset() if punctuations or promised else \
             frozenset(ci for ci, c in enumerate(eq.classes) if not eq.is_band(c))
         run_stage, next_input = self._pipelined_local(routed, len(batches)) if local else self._pipelined_spark(routed)
-        docs, final, stage_seconds, physical = [], [], {}, {}
+        docs, final, stage_seconds, physical, files_seconds = [], [], {}, {}, 0.0
         stage_input, stage = routed, 1
         while True:
             t0 = time.perf_counter()
-            fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, self.results_root, tmp,
+            fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp,
                                  cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
-                                 self.quarantine_root, warmup, merged)
+                                 self.quarantine_root, rng, warmup, merged)
             got, physical[f"stage{stage}"] = run_stage(fn, stage_input)
             stage_docs = []
             for d in got:
                 if "final_state" in d:
                     final.append(d)
+                elif "files_seconds" in d:
+                    files_seconds += d["files_seconds"]
                 elif "rejects" in d or (stage == 1 and "rows_in" in d):
                     inputs[d["batch_id"]].add_reports([d])
                     if "rejects" not in d:
@@ -951,10 +986,10 @@ class BatchRunner:
                            "plan_version": plan.version, "plan_source": plan.source, "files": files,
                            "mode": self.mode, "pipelined_from": first,
                            "tuples": records[-1]["state_tuples"], "keys": records[-1]["state_keys"]})
-        for b, rec in zip(batches, records):
-            fsutil.atomic_write_text(fsutil.join(self.results_root, f"batch={b}", "_SUCCESS"), json.dumps(
-                {"batch_id": b, "rows": rec["result_rows"], "columns": [f.name for f in self.result_schema],
-                 "plan_version": plan.version}))
+        # one commit marker for the range: its batches and their rows (results.batch_folders)
+        fsutil.atomic_write_text(fsutil.join(results_dir, "_SUCCESS"), json.dumps(
+            {"batches": [first, last], "rows": {str(b): rec["result_rows"] for b, rec in zip(batches, records)},
+             "columns": [f.name for f in self.result_schema], "plan_version": plan.version}))
         self.store.gc(cfg.state_versions_kept)
         fsutil.remove(tmp)
         stage_seconds["commit"] = time.perf_counter() - t0
@@ -968,6 +1003,7 @@ class BatchRunner:
                      "stage_seconds": stage_seconds, "shuffle_bytes": shuffle,
                      "spark_stages": [] if local else stage_times(spark, group),
                      "final_state_write_seconds": sum(d["write_seconds"] for d in final),
+                     "final_files_write_seconds": files_seconds,
                      "apportioned_by": "task seconds per batch"}
         if local:
             execution["threads"] = physical["stage1"]["threads"]
@@ -981,10 +1017,8 @@ class BatchRunner:
             rec["execution"] = execution
             rec["shuffle_bytes"] = {k: (int(round(v * share)) if k != "stages" else v) for k, v in shuffle.items()}
             rec["wall_seconds"] = total * share
-        if write_metrics:
-            for rec in records:
-                if rec["batch_id"] != warmup:
-                    write_record(self.metrics_dir, rec)
+        if write_metrics:  # the run's records in one file, not one per batch (metrics.read_metrics reads either)
+            write_jsonl(self.metrics_dir, [rec for rec in records if rec["batch_id"] != warmup])
         return records
 
     def _pipelined_spark(self, routed):

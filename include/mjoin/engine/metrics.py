@@ -2,8 +2,10 @@
 
 One JSON document per batch, ``<lake>/metrics/<query>/batch=<B>.json``, replaced
 atomically (a re-run of a batch after a crash replaces its record, never adds a
-second one); interval runs also write ``metrics.jsonl`` (one line per batch) at
-the end. :func:`read_metrics` reads either form.
+second one): what a micro-batch (streaming, per-batch interval runs) writes. Interval
+runs write ``metrics.jsonl`` (one line per batch) at the end; a pipelined interval run
+(the default) writes only that, one file for all its batches (it is re-run whole,
+never resumed). :func:`read_metrics` reads either form.
 """
 from __future__ import annotations
 
