@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import T0, no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin import fsutil
+from mjoin import fsutil, quarantine
 from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
 from mjoin.engine.compiled import EngineQuery
 from mjoin.lake import Lake
@@ -32,11 +32,9 @@ def _quarantine(out: str, query) -> tuple[list, dict]:
     rows, files = [], {}
     for s in query.stream_names:
         base = lake.quarantine(query.name, s)
-        for b in fsutil.listdir(fsutil.join(base, "rows")):
-            for f in fsutil.listdir(fsutil.join(base, "rows", b)):
-                for r in pq.read_table(fsutil.join(base, "rows", b, f)).to_pylist():
-                    rows.append((s, b, r["reason"], os.path.basename(r["file"]),
-                                 json.dumps(json.loads(r["row"]), sort_keys=True)))
+        for r in quarantine.rejected_rows(lake, query.name, s).to_pylist():
+            rows.append((s, r["batch"], r["reason"], os.path.basename(r["file"]),
+                         json.dumps(json.loads(r["row"]), sort_keys=True)))
         for name in fsutil.listdir(base):
             if name.startswith("files-"):
                 files[(s, name)] = sorted(json.loads(fsutil.read_bytes(fsutil.join(base, name))),
@@ -96,10 +94,19 @@ def bad_lake(tmp_path_factory):
     return lake, info
 
 
-def test_seed_query_with_bad_input_on_the_driver_equals_spark(spark, seed_query, bad_lake, tmp_path):
+@pytest.fixture(scope="module")
+def seed_runs(spark, seed_query, bad_lake, tmp_path_factory):
+    """The seed query over ``bad_lake`` on the driver and by Spark (:func:`_both`): (runs, their folder)."""
     lake, info = bad_lake
-    start = info["start"] + 120
-    runs = _both(spark, seed_query, None, lake, start, info["end"] + 1, 60, tmp_path, buckets=4, driver_threads=3)
+    out = tmp_path_factory.mktemp("seed-runs")
+    return _both(spark, seed_query, None, lake, info["start"] + 120, info["end"] + 1, 60, out, **SEED_CFG), out
+
+
+SEED_CFG = {"buckets": 4, "driver_threads": 3}
+
+
+def test_seed_query_with_bad_input_on_the_driver_equals_spark(seed_query, seed_runs):
+    runs, tmp_path = seed_runs
     d = runs["driver"]
     assert d.batches >= 8 and d.result_rows > 200
     assert d.quarantined["sr"]["null_key"] > 0 and d.quarantined["wr"]["bad_time"] == 2
@@ -197,3 +204,118 @@ def test_batch_rule_on_the_driver_equals_sparks(spark, seed_query):
     theirs = {r["i"]: r["b"] for r in df.selectExpr("i", f"{_batch_expr(eq, start, end, cycle)} AS b").collect()}
     assert [theirs[i] if theirs[i] is not None else -1 for i in range(len(ts))] == mine.tolist()
     assert mine[:len(edges)].tolist() == [-1, -1, 0, 0, 1, 1, 1, 2, 5, -1, -1, 1]
+
+
+def _entries(lake: Lake, query) -> list:
+    return [(e.id, e.kind, e.stream, e.batch, e.reason, e.rows) for e in quarantine.entries(lake, query)]
+
+
+def test_pipelined_outputs_equal_a_per_batch_runs(spark, seed_query, bad_lake, seed_runs):
+    """A pipelined run (driver and Spark) writes per run: its results in one range folder under one
+    ``_SUCCESS``, each stream's rejected rows in one range folder, the metrics as one ``metrics.jsonl``; a
+    per-batch run (``pipelined=False``) writes per batch. Every reader gives the same: committed batches,
+    result rows per batch (fingerprint with the batch), a subset of batches, metrics per batch, the
+    quarantine's entries (ids, counts), their rows, and the quarantined rows with their batches."""
+    from mjoin.engine.results import committed_batches, fingerprint_tables, read_results_arrow
+
+    lake, info = bad_lake
+    runs, out = seed_runs
+    q = seed_query.name
+    per = run_interval(spark, seed_query, None, lake, info["start"] + 120, info["end"] + 1, 60, str(out / "per-batch"),
+                       config=EngineConfig(**SEED_CFG), pipelined=False)
+    ref = Lake(str(out / "per-batch"))
+    n = per.batches
+    assert committed_batches(ref, q) == list(range(0, n + 1))
+    assert fsutil.listdir(ref.results(q)) == sorted(f"batch={b}" for b in range(0, n + 1))
+    ref_rows = read_results_arrow(ref, q, with_batch=True)
+    ref_entries = _entries(ref, seed_query)
+    ref_records = read_metrics(per.metrics_path)
+    # rejected rows of three streams in several batches: the case the range folders hold
+    assert len({(e[2], e[3]) for e in ref_entries if e[1] == "rows"}) >= 6
+    assert len({e[2] for e in ref_entries if e[1] == "rows"}) >= 3
+    for where, s in runs.items():
+        lake_out = Lake(str(out / where))
+        # the layout: per run, not per batch
+        assert fsutil.listdir(lake_out.results(q)) == [f"batches=0-{n}"], where
+        assert fsutil.listdir(lake_out.metrics(q)) == ["metrics.jsonl"], where
+        for stream in seed_query.stream_names:
+            assert fsutil.listdir(fsutil.join(lake_out.quarantine(q, stream), "rows")) in ([], [f"batches=0-{n}"])
+        assert committed_batches(lake_out, q) == list(range(0, n + 1))
+        assert result_fingerprint(lake_out, q) == result_fingerprint(ref, q) and s.result_rows == per.result_rows
+        rows = read_results_arrow(lake_out, q, with_batch=True)
+        assert rows.column_names == ref_rows.column_names and "_batch" not in rows.column_names
+        assert rows.column("batch_id").to_pylist() == sorted(rows.column("batch_id").to_pylist())
+        assert fingerprint_tables([rows]) == fingerprint_tables([ref_rows])  # the same rows in the same batches
+        some = [2, 3, n]
+        part = read_results_arrow(lake_out, q, batches=some)
+        assert part.num_rows == sum(r["result_rows"] for r in ref_records if r["batch_id"] in some) > 0
+        assert fingerprint_tables([part]) == fingerprint_tables([read_results_arrow(ref, q, batches=some)])
+        records = read_metrics(s.metrics_path)
+        assert read_metrics(lake_out, q) == records and [r["batch_id"] for r in records] == list(range(1, n + 1))
+        for a, b in zip(records, ref_records):
+            for k in ("rows_in", "result_rows", "quarantined", "quarantined_files", "state_tuples"):
+                assert a[k] == b[k], (where, k, a["batch_id"])
+        marker = json.loads(fsutil.read_text(fsutil.join(lake_out.results(q), f"batches=0-{n}", "_SUCCESS")))
+        assert marker["batches"] == [0, n] and marker["rows"] == {str(r["batch_id"]): r["result_rows"] for r in
+                                                                  [{"batch_id": 0, "result_rows": 0}] + records}
+        entries = _entries(lake_out, seed_query)
+        assert entries == ref_entries, where
+        counted = quarantine.summary(quarantine.entries(lake_out, seed_query))["by_batch"]
+        for r in records:  # the listing's rows per batch are the metrics' row counts
+            rows_only = {st: {k: v for k, v in per_r.items() if v and k in ("null_key", "bad_type", "bad_time", "late")}
+                         for st, per_r in r["quarantined"].items()}
+            listed = {st: {k: v for k, v in per_r.items() if k in ("null_key", "bad_type", "bad_time", "late")}
+                      for st, per_r in counted.get(r["batch_id"], {}).items()}
+            assert {k: v for k, v in listed.items() if v} == {k: v for k, v in rows_only.items() if v}, r["batch_id"]
+        e = next(x for x in quarantine.entries(lake_out, seed_query) if x.kind == "rows" and x.batch > 1)
+        got = quarantine.rows_of(e, seed_query)
+        want = quarantine.rows_of(quarantine.find(ref, seed_query, e.id), seed_query)
+        assert got.num_rows == e.rows > 0 and got.schema == want.schema
+        assert sorted(json.dumps(r, sort_keys=True, default=str) for r in got.to_pylist()) == \
+            sorted(json.dumps(r, sort_keys=True, default=str) for r in want.to_pylist())
+        assert _quarantine(str(out / where), seed_query) == _quarantine(str(out / "per-batch"), seed_query)
+
+
+def test_rerun_over_a_killed_attempts_files_adds_nothing(spark, seed_query, bad_lake, seed_runs, tmp_path):
+    """Files of an attempt killed before its commit are never read (no range ``_SUCCESS``: no batch counts),
+    and a re-run of the interval into the same output, over those files and over a batch's own folder left
+    by a per-batch run, replaces them: the same results, quarantine and counts as one clean run."""
+    from mjoin.engine.batch import BatchRunner
+    from mjoin.engine.inputs import compile_plan
+    from mjoin.engine.interval import run_fused
+    from mjoin.engine.results import committed_batches
+
+    lake, info = bad_lake
+    runs, out = seed_runs
+    q = seed_query.name
+    clean = Lake(str(out / "driver"))
+    shutil.copytree(clean.root, tmp_path / "x")
+    x = Lake(str(tmp_path / "x"))
+    n = runs["driver"].batches
+    # killed before the commit: no state manifest, no _SUCCESS; its results and rejected rows are there
+    fsutil.remove(fsutil.join(x.results(q), f"batches=0-{n}", "_SUCCESS"))
+    fsutil.remove(x.state(q))
+    rng = fsutil.join(x.results(q), f"batches=0-{n}")
+    parts = sorted(f for f in fsutil.listdir(rng) if f.endswith(".parquet"))
+    shutil.copy(fsutil.join(rng, parts[0]), fsutil.join(rng, "part-s1-p00009-000.parquet"))  # a task the re-run has not
+    assert committed_batches(x, q) == [] and result_fingerprint(x, q)["rows"] == 0
+    # and batch 2's own folders, as a per-batch run leaves them: they win over the range, until replaced
+    os.makedirs(fsutil.join(x.results(q), "batch=2"))
+    shutil.copy(fsutil.join(rng, parts[0]), fsutil.join(x.results(q), "batch=2", "part-x.parquet"))
+    fsutil.atomic_write_text(fsutil.join(x.results(q), "batch=2", "_SUCCESS"), "{}")
+    stale = quarantine.rejected_rows(x, q, "sr").slice(0, 1).drop_columns(["batch"])
+    os.makedirs(fsutil.join(x.quarantine(q, "sr"), "rows", "batch=2"))
+    pq.write_table(stale, fsutil.join(x.quarantine(q, "sr"), "rows", "batch=2", "part-x.parquet"))
+    assert committed_batches(x, q) == [2]
+    assert [e.rows for e in quarantine.entries(x, seed_query) if e.batch == 2 and e.stream == "sr"] == [1]
+    cfg = EngineConfig(driver_rows=10**6, **SEED_CFG)
+    runner = BatchRunner(spark, seed_query, x, cfg, mode="interval")
+    s = run_fused(spark, seed_query, compile_plan(seed_query, None, cfg), runner, lake, info["start"] + 120,
+                  info["end"] + 1, 60)
+    assert s.extra["execution"] == "fused-driver"
+    assert not fsutil.exists(fsutil.join(x.results(q), "batch=2"))
+    assert not fsutil.exists(fsutil.join(x.quarantine(q, "sr"), "rows", "batch=2"))
+    assert committed_batches(x, q) == committed_batches(clean, q)
+    assert result_fingerprint(x, q) == result_fingerprint(clean, q) and s.result_rows == runs["driver"].result_rows
+    assert _entries(x, seed_query) == _entries(clean, seed_query)
+    assert _quarantine(x.root, seed_query) == _quarantine(clean.root, seed_query)
