@@ -5,6 +5,7 @@
     <lake>/state/<query>/...                                   the join job's window state (durable)
     <lake>/checkpoints/<query>/...                             Structured Streaming checkpoint
     <lake>/results/<query>/batch=<id>/                         join output, idempotent per batch
+    <lake>/results/<query>/batches=<first>-<last>/             ... of a pipelined interval run (engine.results)
     <lake>/metrics/<query>/...                                 per-batch engine metrics (JSON lines)
     <lake>/stats/<query>/cycle=<epoch>/                        statistics history (Parquet)
     <lake>/plans/<query>/v<N>.json, ACTIVE                     plan registry
