@@ -75,6 +75,9 @@ def worker(args) -> None:
                               "execution": s.extra.get("execution"),
                               "phases": {k: v for k, v in s.extra.get("phases", {}).items() if k != "spark_stages"},
                               "stage_seconds": rec["stage_seconds"],
+                              "spark_stages": [{k: st.get(k) for k in ("kind", "tasks", "wall_seconds", "task_seconds",
+                                                                       "task_cpu_seconds")}
+                                               for st in s.extra.get("phases", {}).get("spark_stages", [])],
                               "final_files_write_seconds": rec.get("final_files_write_seconds"),
                               "files": files_written(out), "result_rows": s.result_rows,
                               "quarantined": s.quarantined, "fingerprint": result_fingerprint(s.results_path),
