@@ -74,7 +74,7 @@ def test_quarantined_rows_of_both_layouts(tmp_path, seed_query):
 
     def rejected(n, reason, tag):
         return pa.table({"reason": [reason] * n, "file": [f"/in/{tag}.parquet"] * n,
-                         "row": [json.dumps({"sr_item_sk": str(i)}) for i in range(n)]})
+                         "row": [json.dumps({"ts": f"2026-01-01 00:00:0{i}.5", "sr_item_sk": str(i)}) for i in range(n)]})
 
     out = RowFiles(fsutil.join(rows_dir, range_name(0, 3)), "p00001")
     out.add(with_batch_column(rejected(2, "null_key", "a"), 1, "batch"))
@@ -91,7 +91,11 @@ def test_quarantined_rows_of_both_layouts(tmp_path, seed_query):
     assert listed == [("r-sr-1-null_key", 1, "null_key", 2), ("r-sr-3-bad_type", 3, "bad_type", 1),
                       ("r-sr-3-null_key", 3, "null_key", 3), ("r-sr-5-late", 5, "late", 4)]
     e = quarantine.find(lake, seed_query, "r-sr-3-null_key")
-    assert quarantine.rows_of(e, seed_query).column("sr_item_sk").to_pylist() == [0, 1, 2]
+    got = quarantine.rows_of(e, seed_query)
+    assert got.column("sr_item_sk").to_pylist() == [0, 1, 2] and got.column("sr_addr_sk").null_count == 3
+    # the event time as Spark writes it (UTC, no zone): kept, so that a replay of the rows can be joined
+    assert got.column("ts").type == pa.timestamp("us", tz="UTC")
+    assert [t.isoformat() for t in got.column("ts").to_pylist()] == [f"2026-01-01T00:00:0{i}.500000+00:00" for i in range(3)]
     # a batch's own folder (a later per-batch run of batch 3) wins over the range
     write = fsutil.join(rows_dir, "batch=3", "part-p00000.parquet")
     os.makedirs(os.path.dirname(write))

@@ -176,17 +176,25 @@ def _convert(arr: pa.Array, spec_type: str) -> pa.Array:
     if target is None and spec_type.startswith("decimal("):
         p, s = (int(x) for x in spec_type[len("decimal("):-1].split(","))
         target = pa.decimal128(p, s)
-    if spec_type == "timestamp":  # Spark wrote them as "yyyy-MM-dd HH:mm:ss[.SSSSSS]" in UTC
+    if spec_type == "timestamp":  # Spark wrote them as "yyyy-MM-dd HH:mm:ss[.SSSSSS]" in UTC, without a zone
         arr = pc.replace_substring(arr, " ", "T")
     try:
-        return pc.cast(arr, target)
+        return _cast(arr, target)
     except pa.ArrowInvalid:
         return pa.array([_try(v, target) for v in arr.to_pylist()], target)
 
 
+def _cast(arr: pa.Array, target) -> pa.Array:
+    """``arr`` cast to ``target``; a zoned timestamp parsed as a naive one first, then declared UTC (Arrow
+    refuses a string without a zone for a zoned type: every quarantined event time was lost)."""
+    if pa.types.is_timestamp(target) and target.tz is not None:
+        return pc.cast(pc.cast(arr, pa.timestamp(target.unit)), target)
+    return pc.cast(arr, target)
+
+
 def _try(v, target):
     try:
-        return pc.cast(pa.array([v], pa.string()), target)[0].as_py()
+        return _cast(pa.array([v], pa.string()), target)[0].as_py()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
 
