@@ -10,7 +10,7 @@ cycles (sf 1, one hour, 10 s: 360 batches, every batch rejecting rows of three s
 (``driver_rows = interval_driver_rows = 10**7``) and Spark jobs (``driver_rows=0``).
 
 ``--base``: a checkout (``include/``) of the commit to compare against, e.g.
-``git archive main include | tar -x -C <tree>``; the other tree is this one. Each process starts its own
+``git archive main include | tar -x -C <tree>`` (``--base-commit`` records which); the other tree is this one. Each process starts its own
 Spark session, runs a two-cycle warm-up per path, then ``--rounds`` rounds per path. Recorded per run:
 wall, ``batch_seconds``, ``prepare_seconds``, the phases, the pipelined run's stage and commit seconds,
 the files it wrote by kind (results, quarantine, metrics, state) and the results' fingerprint. Writes
@@ -101,6 +101,7 @@ def summary(runs: list) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", help="the tree to compare against (its include/); required")
+    ap.add_argument("--base-commit", default=None, help="the base tree's commit, recorded (a git archive has no .git)")
     ap.add_argument("--lake", required=True)
     ap.add_argument("--plan", default=None)
     ap.add_argument("--start", type=int, required=True)
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
 
     doc = {"benchmark": "files-ab", "machine": machine(), "load_before": os.getloadavg(),
            "git_commit": git_commit(HERE.parent.parent), "base_tree": trees["base"],
-           "base_commit": git_commit(trees["base"]),
+           "base_commit": args.base_commit or git_commit(trees["base"]),
            "versions": {"pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__, "numpy": numpy.__version__,
                         "python": sys.version.split()[0]},
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "order": order, "runs": {t: [] for t in trees}}
