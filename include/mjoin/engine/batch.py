@@ -486,8 +486,10 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
                 cls = classes[ci]
                 skey = (ci, None) if ci in merged else (ci, bks[0])
                 cur = state.get(skey)
-                fresh = [bk for bk in bks if bk not in loaded.setdefault(ci, set())] if ci in merged else \
-                    ([] if cur is not None else list(bks))
+                if ci in merged:  # the buckets whose committed state is not in the class's merged state yet
+                    fresh = [bk for bk in bks if bk not in loaded.setdefault(ci, set())]
+                else:
+                    fresh = [] if cur is not None else list(bks)
                 sources: dict = {}
 
                 def load(attr_class, stream, _bk, cur=cur, fresh=fresh, sources=sources):
