@@ -24,12 +24,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from abtree import run_worker  # noqa: E402  (bench/abtree.py: one worker process per code tree)
 QUERY = "tpcds_returns_by_address"
 PATHS = {"driver": 10**7, "spark": 0}  # driver_rows (and interval_driver_rows) of each path
 
@@ -141,14 +142,7 @@ def main(argv=None) -> int:
         + (["--paths", *args.paths] if args.paths else [])
     for i, tree in enumerate(order):
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--worker", *passthrough], capture_output=True, text=True,
-                              # the Spark Python workers import mjoin from the same tree as the driver
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  [str(Path(trees[tree]) / "include")] + [p for p in [os.environ.get("PYTHONPATH")] if p])})
-        if proc.returncode:
-            print(proc.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"process {i} ({tree}) failed")
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        rows = run_worker(__file__, passthrough, trees[tree], label=f"process {i} ({tree})")
         for r in rows:
             r["process"] = i
             assert Path(r["mjoin_module"]).is_relative_to(trees[tree]), (r["mjoin_module"], trees[tree])

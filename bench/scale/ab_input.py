@@ -22,12 +22,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from abtree import run_worker  # noqa: E402  (bench/abtree.py: one worker process per code tree)
 
 
 def driver_rounds(spark, B, landed, span, out, rounds: int, density: str) -> None:
@@ -149,15 +150,10 @@ def main(argv=None) -> int:
            "order": order, "runs": {t: [] for t in trees}}
     for i, tree in enumerate(order):
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--worker", trees[tree], "--sf", str(args.sf), "--rounds",
-                               str(args.rounds), "--work", work, "--densities", *args.densities]
-                              + (["--driver-only"] if args.driver_only else []),
-                              capture_output=True, text=True, check=True,
-                              # the Spark Python workers (the operator) import mjoin from the same tree as the
-                              # driver, not from the venv's editable install of this one
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  [str(Path(trees[tree]) / "include")] + [p for p in [os.environ.get("PYTHONPATH")] if p])})
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        # the Spark Python workers (the operator) import mjoin from the same tree as the driver
+        rows = run_worker(__file__, [trees[tree], "--sf", args.sf, "--rounds", args.rounds, "--work", work,
+                                     "--densities", *args.densities] + (["--driver-only"] if args.driver_only else []),
+                          trees[tree], label=tree)
         for r in rows:
             r["process"] = i
         doc["runs"][tree] += rows

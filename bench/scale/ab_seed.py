@@ -23,12 +23,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from abtree import run_worker  # noqa: E402  (bench/abtree.py: one worker process per code tree)
 PATHS = {"driver": 10**7, "spark": 0}
 
 
@@ -114,15 +115,8 @@ def main(argv=None) -> int:
     for i, tree in enumerate(order):
         root, env = trees[tree]
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--worker", root, "--job", args.job, "--rounds",
-                               str(args.rounds), "--work", work, "--paths", *args.paths],
-                              capture_output=True, text=True,
-                              env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(
-                                  [str(Path(root) / "include")] + [p for p in [os.environ.get("PYTHONPATH")] if p])})
-        if proc.returncode:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"worker {tree} failed")
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        rows = run_worker(__file__, [root, "--job", args.job, "--rounds", args.rounds, "--work", work, "--paths",
+                                     *args.paths], root, env=env, label=tree, stderr_tail=3000)
         for r in rows:
             r["process"] = i
         doc["runs"][tree] += rows

@@ -618,6 +618,15 @@ class Seen:
                                 rows=facts.rows, fingerprint=facts.fingerprint,
                                 ts_max=facts.ts_max if ts_max is None else ts_max))
 
+    def forget(self, stream: str, path: str) -> bool:
+        """Forget the file ``path`` of ``stream`` (accepted by its footer, but its data did not read: a repaired
+        copy of it must not be a duplicate of rows that were never joined). Returns whether it was remembered."""
+        keep = [f for f in self._files if not (f.stream == stream and f.path == path)]
+        if len(keep) == len(self._files):
+            return False
+        self.files = keep
+        return True
+
     def forget_before(self, watermark_seconds: float | None) -> int:
         """Forget files whose every row is below the job's watermark: a duplicate of them now would be
         quarantined as late row by row, so it can no longer double-count a result. Returns how many."""

@@ -325,6 +325,11 @@ class StreamJob:
         prepare_seconds = time.perf_counter() - t0
 
         def after_tasks(done: BatchInput):
+            # a file accepted by its footer whose data then did not read joined nothing: not remembered, so a
+            # repaired copy of it is read, not rejected as its duplicate
+            for rej in inspected.rejects:
+                if rej.rule == "input.files_readable":
+                    seen.forget(rej.stream, rej.path)
             after = marks.advance(done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us, promised)
             # duplicates are remembered while they could still double-count: until the job's watermark
             # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
