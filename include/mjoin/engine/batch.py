@@ -52,7 +52,7 @@ from .config import EngineConfig, EngineError
 from .frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
                     spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
 from .metrics import shuffle_bytes, stage_times, write_jsonl, write_record
-from .normalize import REASONS
+from .normalize import REASONS, write_file_rejects
 from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
 from .results import RowFiles, clear_batches, range_name, with_batch_column, write_parquet
 from .state import StateStore, StateWriter, file_key, load_state
@@ -201,6 +201,20 @@ class BatchInput:
     max_ts_by_stream: dict = field(default_factory=dict)  # stream -> max event time of its valid rows
     quarantined_files: list = field(default_factory=list)
     files: int = 0
+    #: ``() -> [FileReject]``: the files the input's tasks found unreadable since the last call
+    #: (:meth:`mjoin.engine.normalize.Inspected.collect_unreadable`), asked after each stage's job
+    late_rejects: object = None
+
+    def add_late_rejects(self) -> bool:
+        """Fold the files the tasks found unreadable (:attr:`late_rejects`) into the file-level counts and
+        ``quarantined_files``; whether there were any."""
+        from .normalize import add_counts
+
+        new = self.late_rejects() if self.late_rejects is not None else []
+        for rej in new:
+            add_counts(self.quarantined, {rej.stream: {rej.reason: rej.rows or 0}})
+            self.quarantined_files.append(rej.to_json())
+        return bool(new)
 
     def add_reports(self, docs) -> "BatchInput":
         """Fold the tasks' counts (stage-1 ``rows_in``/``max_ts``, ``rejects``) into this input."""
@@ -820,6 +834,7 @@ class BatchRunner:
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
                              eq.classes, self.quarantine_root, (marker, pause) if pause else None)
             stage_docs, physical[f"stage{stage}"] = run_stage(fn, stage_input)
+            self._late_rejects({ctx.batch_id: binput})
             binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
             stage_docs = [d for d in stage_docs if "rejects" not in d]
             docs += stage_docs
@@ -830,6 +845,14 @@ class BatchRunner:
             if stage > len(eq.streams):
                 raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
             stage_input = next_input(fsutil.join(tmp, f"stage={stage - 1}"))
+
+    def _late_rejects(self, inputs: dict) -> None:
+        """After a stage's job: the files its input tasks found unreadable (:meth:`BatchInput.add_late_rejects`)
+        counted in their batch's input, and that batch's rejected files written again with them
+        (``files-batch=<B>.json``, as :func:`mjoin.engine.normalize.write_quarantine` wrote them before)."""
+        for b, binput in inputs.items():
+            if binput.add_late_rejects():
+                write_file_rejects(self.quarantine_root, binput.quarantined_files, b)
 
     def _run_spark(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
                    cache_bytes: int):
@@ -947,6 +970,7 @@ class BatchRunner:
                                  cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
                                  self.quarantine_root, rng, warmup, merged)
             got, physical[f"stage{stage}"] = run_stage(fn, stage_input)
+            self._late_rejects(inputs)
             stage_docs = []
             for d in got:
                 if "final_state" in d:

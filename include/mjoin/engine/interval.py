@@ -122,6 +122,9 @@ class IntervalInput:
     #: (:func:`mjoin.engine.normalize.normalize_local`, :func:`batch_local`), read in ``local_seconds``
     local: object = None
     local_seconds: float = 0.0
+    #: ``() -> [FileReject]``: the files Spark's tasks found unreadable since the last call, added to ``rejects``
+    #: (:meth:`mjoin.engine.normalize.Inspected.collect_unreadable`): ask after a job that read the input
+    late_rejects: object = None
 
     def valid(self):
         from pyspark.sql import functions as F
@@ -139,6 +142,8 @@ class IntervalInput:
         if self.frame is not None and "_reason" in self.frame.columns:
             for r in self.frame.where(F.col("_reason").isNotNull()).groupBy("_batch", "_s", "_reason").count().collect():
                 counts.setdefault(r["_batch"], {}).setdefault(self.streams[r["_s"]], {})[r["_reason"]] = r["count"]
+        if self.late_rejects is not None:
+            self.late_rejects()
         add_counts(counts.setdefault(1, {}), self.file_counts())
         return counts
 
@@ -185,7 +190,8 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
     punct = _interval_punctuations(query, landed, inspected.ts_max, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects,
-                         time.perf_counter() - t0 - local_seconds, eq.streams, punct, local, local_seconds)
+                         time.perf_counter() - t0 - local_seconds, eq.streams, punct, local, local_seconds,
+                         inspected.collect_unreadable)
 
 
 def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int) -> pa.Table:
@@ -314,6 +320,8 @@ def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cyc
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
     routed = route_interval(runner, data).persist(StorageLevel.MEMORY_AND_DISK)
     routed.count()
+    if data.late_rejects():  # files the input's tasks could not read: quarantined (their counts in batch 1)
+        write_quarantine(None, {}, data.rejects, runner.lake, query.name, runner.eq)
     prepared = Prepared(**{f.name: getattr(data, f.name) for f in fields(IntervalInput)}, routed=routed)
     prepared.frame = None
     prepared.seconds = time.perf_counter() - t0
@@ -379,7 +387,8 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     bounds, extras = _cycles(data)
     bounds[0] = data.start_us
     inputs = {b: BatchInput(quarantined=data.file_counts() if b == 1 else {},
-                            quarantined_files=[r.to_json() for r in data.rejects] if b == 1 else [])
+                            quarantined_files=[r.to_json() for r in data.rejects] if b == 1 else [],
+                            late_rejects=data.late_rejects if b == 1 else None)
               for b in range(0, data.n_batches + 1)}
     try:
         records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0,

@@ -78,6 +78,31 @@ class Inspected:
     rows: int = 0  # rows of the accepted files (footers)
     ts_max: dict = field(default_factory=dict)  # (stream, path) -> latest event time by the footer, every file
     accepted: dict = field(default_factory=dict)  # (stream, path) -> contract.FileFacts of the accepted files
+    #: the files Spark's tasks found unreadable (:func:`scan_streams`: an accumulator of (stream, path, detail)),
+    #: and how many of its entries :meth:`collect_unreadable` has taken
+    reports: object = None
+    reported: set = field(default_factory=set)
+
+    def unreadable(self, stream: str, path: str, detail: str) -> FileReject:
+        """An accepted file whose data does not read, quarantined whole (``unreadable``, rule
+        ``input.files_readable``, its footer's row count, taken out of the accepted rows)."""
+        facts = self.accepted.pop((stream, path), None)
+        rows = facts.rows if facts is not None else None
+        self.rows -= rows or 0
+        rej = FileReject(stream, path, contract.RULES["input.files_readable"], detail, rows, "input.files_readable")
+        self.rejects.append(rej)
+        return rej
+
+    def collect_unreadable(self) -> list:
+        """The files the tasks of :func:`scan_streams` reported unreadable since the last call, quarantined
+        (:meth:`unreadable`: added to ``rejects``): call it after a Spark job that ran the input (a task
+        retried reports twice: each file is taken once)."""
+        out = []
+        for stream, path, detail in (self.reports.value if self.reports is not None else []):
+            if (stream, path) not in self.reported:
+                self.reported.add((stream, path))
+                out.append(self.unreadable(stream, path, detail))
+        return out
 
     def can_reject(self, stream: str, paths, late_before: int | None = None) -> bool:
         """Whether a row of one of the accepted ``paths`` of ``stream`` can be quarantined (a row rule of
@@ -246,19 +271,138 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
                           f"CASE WHEN {bad} THEN {raw} END AS _raw")
 
 
-def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None):
+def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None,
+                      scan: bool | None = None):
     """Frame rows of every accepted file, with ``_reason`` (null: valid) and, for rejected rows,
     ``_file`` and ``_raw`` (the row as JSON) for the quarantine; None when there is no file.
 
     When no row of any file can be rejected by the footers (:meth:`Inspected.can_reject`), the frame has no
     ``_reason``/``_file``/``_raw`` at all (so they never cross the input shuffle: ``BatchRunner.route_frame``);
-    a group of such files among others gets them as NULLs (the union) without computing them."""
+    a group of such files among others gets them as NULLs (the union) without computing them.
+
+    ``scan``: read the files in Spark's tasks with the driver's reader (:func:`scan_streams`: same rows, same
+    columns); None (the default): where :func:`local_supported` holds and ``MJOIN_SPARK_SCAN`` is not ``0``.
+    Else (and for string or expression event times) Spark's file source and one SQL projection per group."""
+    if scan is None:
+        scan = spark_scan_enabled() and local_supported(query, {name for name, _ in inspected.groups})
+    if scan:
+        return scan_streams(spark, query, eq, inspected, late_before)
     frame = None
-    for (name, _sig), (schema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
+    for name, schema, paths in _groups(inspected):
         norm = normalize_group(spark, query, eq, name, schema, paths, late_before,
                                rejects=inspected.can_reject(name, paths, late_before))
         frame = norm if frame is None else frame.unionByName(norm, allowMissingColumns=True)
     return frame
+
+
+# ---- the driver's reader in Spark's tasks ------------------------------------------------------------
+
+#: the input tasks of :func:`scan_streams` per slot of Spark's default parallelism
+SCAN_TASKS_PER_CORE = 2
+
+
+def spark_scan_enabled() -> bool:
+    """Whether the Spark path reads its files with :func:`scan_streams` where it can (``MJOIN_SPARK_SCAN=0``:
+    never, Spark's file source as before)."""
+    return os.environ.get("MJOIN_SPARK_SCAN", "1").strip() != "0"
+
+
+def scan_chunks(sizes: list, tasks: int) -> list:
+    """Contiguous chunks of the files of every group, about ``tasks`` of them in all, of about equal weight:
+    ``sizes``: per group the files' weights (footer rows); a group gets ``round(its weight / target)`` chunks
+    (at least one) cut where its running weight crosses equal shares. Returns ``[(group, first, end)]``."""
+    total = sum(sum(w) for w in sizes)
+    target = max(total / max(1, tasks), 1.0)
+    out = []
+    for gi, weights in enumerate(sizes):
+        if not weights:
+            continue
+        n = max(1, min(len(weights), int(round(sum(weights) / target))))
+        share = sum(weights) / n
+        cum = np.cumsum(np.asarray(weights, dtype=np.float64))
+        # the j-th cut after the first file whose running weight reaches j shares (never an empty chunk)
+        cuts = sorted({min(len(weights) - 1, int(np.searchsorted(cum, j * share))) + 1 for j in range(1, n)})
+        bounds = [0] + [c for c in cuts if 0 < c < len(weights)] + [len(weights)]
+        out += [(gi, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return out
+
+
+def scan_ddl(eq: EngineQuery, streams, rejects: bool) -> list:
+    """The columns :func:`normalize_streams` gives (the union of :func:`normalize_group`'s projections) for the
+    streams ``streams``: ``_kind``, ``_s``, ``_ts``, their class keys, their payload by name, and (``rejects``)
+    ``_reason``, ``_file``, ``_raw``."""
+    classes = [c for c in eq.classes if any(c in eq.stream_classes[s] for s in streams)]
+    cols = [("_kind", "tinyint"), ("_s", "int"), ("_ts", "bigint")] + [(key_name(c), "bigint") for c in classes]
+    for s in eq.streams:
+        if s in streams:
+            cols += [(payload_name(s, col), sql_type(t)) for col, t in eq.payload[s]]
+    return cols + ([("_reason", "string"), ("_file", "string"), ("_raw", "string")] if rejects else [])
+
+
+def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Schema, late_before, reports):
+    """The function ``mapInArrow`` runs over the chunk ids: each chunk's files read in one scan
+    (:func:`read_group`) and normalised (:func:`normalize_arrow`), as ``schema``; a file that does not read is
+    reported to the driver (``reports``, an accumulator of (stream, path, detail)) and yields no row."""
+
+    def run(batches):
+        for rb in batches:
+            for i in rb.column(0).to_pylist():
+                gi, a, b = chunks[i]
+                name, fschema, paths, rejects = groups[gi]
+                paths = paths[a:b]
+                t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
+                if failed:
+                    reports.add([(name, p, detail) for p, detail in failed])
+                n = t.num_rows
+                if not n:
+                    continue
+                cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before, rejects)
+                yield from pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
+                                     for f in schema], schema=schema).to_batches()
+
+    return run
+
+
+class _ListParam:
+    """An accumulator of lists (pyspark's ``AccumulatorParam`` protocol): what the tasks reported, concatenated."""
+
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, a, b):
+        a.extend(b)
+        return a
+
+
+def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None,
+                 tasks: int | None = None):
+    """:func:`normalize_streams` read by Spark's tasks with the driver's reader: a small frame of chunk ids
+    (each chunk a contiguous run of one group's files, of about equal rows by the footers: :func:`scan_chunks`;
+    ``tasks`` of them, by default :data:`SCAN_TASKS_PER_CORE` per slot of the default parallelism), and
+    ``mapInArrow`` reading each chunk in one pyarrow scan and normalising it with the same code as the driver
+    path (:func:`read_group`, :func:`normalize_arrow`). No file index, no per-file task work in Spark, one
+    projection to analyse. The rows and columns are :func:`normalize_group`'s union (:func:`scan_ddl`); the
+    reject columns only where a file can reject a row (:meth:`Inspected.can_reject`), as there.
+
+    A file whose data does not read in a task is left out and reported through an accumulator
+    (``inspected.reports``): after the Spark job that ran the input, :meth:`Inspected.collect_unreadable`
+    quarantines it as ``unreadable``, as the driver path does. None when there is no file."""
+    from .frame import arrow_schema, spark_schema
+
+    groups = [(name, fschema, list(paths), inspected.can_reject(name, paths, late_before))
+              for name, fschema, paths in _groups(inspected)]
+    if not groups:
+        return None
+    weights = [[max(1, getattr(inspected.accepted.get((name, p)), "rows", None) or 1) for p in paths]
+               for name, _, paths, _ in groups]
+    if tasks is None:
+        tasks = SCAN_TASKS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
+    chunks = scan_chunks(weights, tasks)
+    ddl = scan_ddl(eq, {g[0] for g in groups}, any(g[3] for g in groups))
+    if inspected.reports is None:
+        inspected.reports = spark.sparkContext.accumulator([], _ListParam())
+    fn = _scan_task(query, eq, groups, chunks, arrow_schema(ddl), late_before, inspected.reports)
+    return spark.range(0, len(chunks), 1, len(chunks)).mapInArrow(fn, spark_schema(ddl))
 
 
 #: quarantined rows up to this count are collected and written by the driver (one small Spark
@@ -271,8 +415,6 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
     """Rejected rows (reason, file, the row as JSON) under ``quarantine/<query>/<stream>/rows/batch=<B>/``
     and rejected files in ``.../files-batch=<B>.json``. ``counts``: stream -> reason -> rows; with
     ``batch_id`` None the frame carries a ``_batch`` column (interval runs)."""
-    import json
-
     from pyspark.sql import functions as F
 
     streams = [s for s, reasons in counts.items() if any(n for r, n in reasons.items() if r in ROW_REASONS)]
@@ -292,12 +434,21 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
                     part.write.mode("overwrite").partitionBy("batch").parquet(base)
                 else:
                     part.drop("batch").write.mode("overwrite").parquet(fsutil.join(base, f"batch={batch_id}"))
+    write_file_rejects(out_lake.quarantine(query_name), [r.to_json() for r in rejects],
+                       batch_id if batch_id is not None else 1)
+
+
+def write_file_rejects(quarantine_root: str, rejects: list, batch_id: int) -> None:
+    """The rejected files (``rejects``: :meth:`FileReject.to_json` of each) in
+    ``<quarantine_root>/<stream>/files-batch=<B>.json``, one file per stream (replaced)."""
+    import json
+
     by_stream: dict = {}
     for r in rejects:
-        by_stream.setdefault(r.stream, []).append(r.to_json())
+        by_stream.setdefault(r["stream"], []).append(r)
     for stream, items in by_stream.items():
-        name = f"files-batch={batch_id if batch_id is not None else 1}.json"
-        fsutil.atomic_write_text(fsutil.join(out_lake.quarantine(query_name, stream), name), json.dumps(items, indent=1))
+        fsutil.atomic_write_text(fsutil.join(quarantine_root, stream, f"files-batch={batch_id}.json"),
+                                 json.dumps(items, indent=1))
 
 
 def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: EngineQuery) -> None:
@@ -473,72 +624,100 @@ def _cast_payload(src: pa.ChunkedArray, target: pa.DataType, owner: np.ndarray) 
 _REASON_BY_CODE = pa.array([None, "null_key", "bad_type", "bad_time", "late"], pa.string())
 
 
+def normalize_arrow(query, eq: EngineQuery, name: str, fschema: pa.Schema, paths: list, t: pa.Table,
+                    owner: np.ndarray, late_before: int | None = None, rejects: bool = True) -> dict:
+    """The rules of :func:`normalize_group` in Arrow, over the rows ``t`` of one group of same-schema files of
+    stream ``name`` (``fschema``: their schema; ``owner``: each row's index into ``paths``, as
+    :func:`read_group` gives them): the columns ``_kind``, ``_s``, ``_ts``, the stream's class keys, its payload
+    by name (``<stream>__<col>``, cast to the frame's type) and ``_reason``, ``_file``, ``_raw`` (``rejects``
+    False: no row of these files can be rejected, by their footers, so the three are NULL, as the SQL path's
+    union gives them). The one copy of the rules in Arrow: :func:`normalize_local` (the driver) and
+    :func:`scan_streams` (Spark's tasks) both call it."""
+    import pyarrow.compute as pc
+
+    from .frame import arrow_frame_schema
+
+    frame = arrow_frame_schema(eq)
+    stream = query.stream(name)
+    n = t.num_rows
+    cols = {"_kind": pa.array(np.ones(n, np.int8)), "_s": pa.array(np.full(n, eq.index(name), np.int32))}
+    ts = _micros(t.column(stream.event_time.column), _kind(fschema.field(stream.event_time.column).type))
+    cols["_ts"] = ts
+    null_key = np.zeros(n, bool)
+    for c in eq.stream_classes[name]:
+        col = eq.key_columns[(name, c)]
+        src = t.column(col)
+        if eq.is_band(c) and eq.band_scale[c]:  # a band value in integer units
+            src = pc.multiply(src, pa.scalar(10 ** eq.band_scale[c], pa.int64()))
+        k = pc.cast(src, pa.int64())
+        cols[key_name(c)] = k
+        null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    bad_type = np.zeros(n, bool)
+    for col, _spec in eq.payload[name]:
+        target = payload_name(name, col)
+        src = t.column(col)
+        v = _cast_payload(src, frame.field(target).type, owner)
+        cols[target] = v
+        bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
+    if not rejects:
+        for c in ("_reason", "_file", "_raw"):
+            cols[c] = pa.nulls(n, pa.string())
+        return cols
+    ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    code = np.zeros(n, np.int8)
+    if late_before is not None:
+        code[~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))] = 4
+    for mask, c in ((ts_null, 3), (bad_type, 2), (null_key, 1)):
+        code[mask] = c  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
+    good = code == 0
+    cols["_reason"] = _REASON_BY_CODE.take(pa.array(code))
+    if good.all():
+        cols["_file"] = pa.nulls(n, pa.string())
+        cols["_raw"] = pa.nulls(n, pa.string())
+    else:
+        urls = pa.array([p if fsutil.is_url(p) else "file://" + os.path.abspath(p) for p in paths], pa.string())
+        cols["_file"] = urls.take(pa.array(owner, mask=good))
+        bad = np.flatnonzero(~good)
+        raws = raw_json_array(t.take(pa.array(bad)))
+        cols["_raw"] = raws.take(pa.array(np.cumsum(~good, dtype=np.int64) - 1, mask=good))
+    return cols
+
+
+def _read_as(stream, fschema: pa.Schema) -> pa.Schema:
+    """The group's declared columns, nullable (the group is by type alone: a file may allow NULLs another does
+    not)."""
+    return pa.schema([pa.field(c, fschema.field(c).type) for c in stream.columns])
+
+
+def _groups(inspected: Inspected) -> list:
+    """``[(stream, schema, paths)]`` of the accepted files, in the order both paths read them."""
+    return [(name, fschema, paths) for (name, _sig), (fschema, paths)
+            in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0]))]
+
+
 def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None) -> pa.Table | None:
     """:func:`normalize_streams` on the driver with pyarrow (no Spark job): the rows of every accepted file
     in the engine's input layout (:func:`mjoin.engine.frame.input_ddl`: payload in its stream's slots), with
     ``_reason``, ``_file``, ``_raw``. Only for streams :func:`local_supported` accepts.
 
     Each group of same-schema files is read in one multi-threaded scan (:func:`read_group`) and normalised as
-    one table (the per-file rules: the event time's conversion by the group's type, ``_file`` from each row's
-    file); a file whose data does not read is quarantined whole (``unreadable``: added to
-    ``inspected.rejects``, its rows taken out of the accepted ones) and the others are read."""
-    import pyarrow.compute as pc
-
+    one table (:func:`normalize_arrow`: the per-file rules, the event time's conversion by the group's type,
+    ``_file`` from each row's file); a file whose data does not read is quarantined whole (``unreadable``:
+    :meth:`Inspected.unreadable`) and the others are read."""
     from .frame import arrow_input_schema, payload_slots
 
     schema = arrow_input_schema(eq)
     slot_of = {name: slot for pairs in payload_slots(eq)[1].values() for name, slot in pairs}
     parts = []
-    for (name, _sig), (fschema, paths) in sorted(inspected.groups.items(), key=lambda kv: (kv[0][0], kv[1][1][0])):
-        stream = query.stream(name)
-        # (the group's declared columns, nullable: the group is by type alone, a file may allow NULLs another does not)
-        read_as = pa.schema([pa.field(c, fschema.field(c).type) for c in stream.columns])
-        t, owner, failed = read_group(paths, read_as)
+    for name, fschema, paths in _groups(inspected):
+        t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
         for path, detail in failed:
-            facts = inspected.accepted.pop((name, path), None)
-            rows = facts.rows if facts is not None else None
-            inspected.rows -= rows or 0
-            inspected.rejects.append(FileReject(name, path, contract.RULES["input.files_readable"], detail, rows,
-                                                "input.files_readable"))
+            inspected.unreadable(name, path, detail)
         n = t.num_rows
         if n == 0:
             continue
-        cols = {"_kind": pa.array(np.ones(n, np.int8)), "_s": pa.array(np.full(n, eq.index(name), np.int32))}
-        ts = _micros(t.column(stream.event_time.column), _kind(fschema.field(stream.event_time.column).type))
-        cols["_ts"] = ts
-        null_key = np.zeros(n, bool)
-        for c in eq.stream_classes[name]:
-            col = eq.key_columns[(name, c)]
-            src = t.column(col)
-            if eq.is_band(c) and eq.band_scale[c]:  # a band value in integer units
-                src = pc.multiply(src, pa.scalar(10 ** eq.band_scale[c], pa.int64()))
-            k = pc.cast(src, pa.int64())
-            cols[key_name(c)] = k
-            null_key |= np.asarray(k.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        bad_type = np.zeros(n, bool)
-        for col, _spec in eq.payload[name]:
-            slot = slot_of[payload_name(name, col)]
-            src = t.column(col)
-            v = _cast_payload(src, schema.field(slot).type, owner)
-            cols[slot] = v
-            bad_type |= np.asarray(pc.and_(src.is_valid(), v.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
-        ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        code = np.zeros(n, np.int8)
-        if late_before is not None:
-            code[~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))] = 4
-        for mask, c in ((ts_null, 3), (bad_type, 2), (null_key, 1)):
-            code[mask] = c  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
-        good = code == 0
-        cols["_reason"] = _REASON_BY_CODE.take(pa.array(code))
-        if good.all():
-            cols["_file"] = pa.nulls(n, pa.string())
-            cols["_raw"] = pa.nulls(n, pa.string())
-        else:
-            urls = pa.array([p if fsutil.is_url(p) else "file://" + os.path.abspath(p) for p in paths], pa.string())
-            cols["_file"] = urls.take(pa.array(owner, mask=good))
-            bad = np.flatnonzero(~good)
-            raws = raw_json_array(t.take(pa.array(bad)))
-            cols["_raw"] = raws.take(pa.array(np.cumsum(~good, dtype=np.int64) - 1, mask=good))
+        cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before)
+        cols = {slot_of.get(k, k): v for k, v in cols.items()}
         parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
                                for f in schema], schema=schema))
     return pa.concat_tables(parts) if parts else None

@@ -321,7 +321,8 @@ class StreamJob:
             per = counts.setdefault(rej.stream, {})
             per[rej.reason] = per.get(rej.reason, 0) + (rej.rows or 0)
         binput = BatchInput(frame=frame, local=table if local else None, punctuations=punct_rows, quarantined=counts,
-                            quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries))
+                            quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries),
+                            late_rejects=None if local else inspected.collect_unreadable)
         prepare_seconds = time.perf_counter() - t0
 
         def after_tasks(done: BatchInput):
