@@ -14,12 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
+from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
+from mjoin.engine.interval import run_interval_plans
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.frame import arrow_input_schema, payload_slots, to_layout
 from mjoin.engine.normalize import (inspect_files, normalize_local, normalize_streams, scan_chunks, scan_ddl,
                                     scan_streams)
 from mjoin.lake import Lake
+from mjoin.plan import make_plan, orders_from_permutation
 from mjoin.query import parse_query
 from test_engine_interval_local import SEED_CFG, _both, _quarantine
 
@@ -217,3 +219,47 @@ def test_the_sql_path_is_kept_for_string_event_times(spark, tmp_path):
     frame = normalize_streams(spark, q, eq, inspect_files(q, eq, {"a": [str(pa_path)]}))
     assert "MapInArrow" not in frame._jdf.queryExecution().executedPlan().toString()
     assert sorted(r["_reason"] or "" for r in frame.collect()) == ["", "bad_time"]
+
+
+def test_a_corrupt_file_is_quarantined_when_several_plans_share_the_input(spark, seed_query, broken_lake, tmp_path):
+    """``run_interval_plans`` routes the input once (``prepare_interval``): the file the tasks could not read is
+    counted in every plan's batch 1 and listed in the rejected files."""
+    lake, clean, info, broken = broken_lake
+    rows = pq.read_metadata(broken).num_rows
+    q = seed_query
+    plans = {"p1": make_plan(q, orders_from_permutation(q, ["cu", "sr", "wr", "cr"]), "fixedOrder"),
+             "p2": make_plan(q, orders_from_permutation(q, ["wr", "cr", "sr", "cu"]), "fixedOrder")}
+    start, end = info["start"] + 120, info["end"] + 1
+    runs = run_interval_plans(spark, q, plans, lake, start, end, 60, str(tmp_path / "out"),
+                              config=EngineConfig(driver_rows=0, buckets=4))
+    ref = run_interval(spark, q, plans["p1"], clean, start, end, 60, str(tmp_path / "clean"),
+                       config=EngineConfig(driver_rows=0, buckets=4))
+    for s in runs.values():
+        assert s.quarantined["sr"]["unreadable"] == rows
+        assert read_metrics(s.metrics_path)[0]["quarantined_files"][0]["path"] == broken
+        assert s.result_rows == ref.result_rows and result_fingerprint(s.results_path) == result_fingerprint(ref.results_path)
+    files = _quarantine(str(tmp_path / "out"), q)[1]
+    assert [d["path"] for d in files[("sr", "files-batch=1.json")]] == [broken]
+
+
+def test_a_corrupt_file_is_quarantined_by_a_streaming_batch_on_spark(spark, seed_query, broken_lake, tmp_path):
+    """A micro-batch on Spark (``driver_rows=0``) quarantines the file its tasks could not read in that batch's
+    counts and rejected files, as a batch on the driver does, and joins the rest the same."""
+    import shutil
+
+    lake, _, _, broken = broken_lake
+    got = {}
+    for where, rows in (("driver", 10**6), ("executors", 0)):
+        copy = Lake(str(tmp_path / where))
+        shutil.copytree(os.path.join(lake.root, "streams"), os.path.join(copy.root, "streams"))
+        s = run_stream(spark, seed_query, copy, config=EngineConfig(buckets=4, driver_rows=rows,
+                                                                    max_files_per_trigger=200))
+        recs = read_metrics(copy, seed_query.name)
+        assert {r["execution"]["where"] for r in recs} == {where}
+        got[where] = (s.batches, [(r["rows_in"], r["quarantined"], r["result_rows"],
+                                   [(os.path.basename(os.path.dirname(f["path"])), f["reason"], f["rows"])
+                                    for f in r["quarantined_files"]]) for r in recs],
+                      result_fingerprint(copy.results(seed_query.name)))
+    assert got["driver"] == got["executors"]
+    files = [f for r in got["executors"][1] for f in r[3]]
+    assert (os.path.basename(os.path.dirname(broken)), "unreadable", pq.read_metadata(broken).num_rows) in files

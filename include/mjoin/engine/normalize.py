@@ -4,9 +4,12 @@ Per file, the landing contract's file-level rules (:mod:`mjoin.contract`, the in
 readable, key columns present, schema as declared, event time not all NULL, not a duplicate of an
 earlier file) are checked on the driver from the Parquet footer; a file that breaks one is
 quarantined whole with the rule's name and a reason (``unreadable``, ``missing_key``,
-``schema_mismatch``, ``no_event_time``, ``duplicate_file``). The accepted files are read by Spark in
-groups of identical schema (so one odd file can neither fail nor silently re-type the others), and
-every row is normalised:
+``schema_mismatch``, ``no_event_time``, ``duplicate_file``). The accepted files are read in groups of
+identical schema (so one odd file can neither fail nor silently re-type the others): on the driver
+(:func:`normalize_local`) or in Spark's tasks (:func:`scan_streams`) by one pyarrow scan per group or
+chunk of a group and the rules in Arrow (:func:`normalize_arrow`, one copy for both), or by Spark's
+file source and one SQL projection per group (:func:`normalize_group`: event times Spark parses,
+string patterns or expressions); every row is normalised:
 
 - ``_ts``: event time in epoch microseconds (ALGORITHMS.md: time windows);
 - ``_k_<class>``: the join keys as int64;
@@ -78,9 +81,10 @@ class Inspected:
     rows: int = 0  # rows of the accepted files (footers)
     ts_max: dict = field(default_factory=dict)  # (stream, path) -> latest event time by the footer, every file
     accepted: dict = field(default_factory=dict)  # (stream, path) -> contract.FileFacts of the accepted files
-    #: the files Spark's tasks found unreadable (:func:`scan_streams`: an accumulator of (stream, path, detail)),
-    #: and how many of its entries :meth:`collect_unreadable` has taken
+    #: where Spark's tasks report the files they found unreadable (:func:`scan_streams`: the session's accumulator
+    #: of (token, stream, path, detail), and this input's token), and the files :meth:`collect_unreadable` took
     reports: object = None
+    token: str | None = None
     reported: set = field(default_factory=set)
 
     def unreadable(self, stream: str, path: str, detail: str) -> FileReject:
@@ -98,8 +102,8 @@ class Inspected:
         (:meth:`unreadable`: added to ``rejects``): call it after a Spark job that ran the input (a task
         retried reports twice: each file is taken once)."""
         out = []
-        for stream, path, detail in (self.reports.value if self.reports is not None else []):
-            if (stream, path) not in self.reported:
+        for token, stream, path, detail in (self.reports.value if self.reports is not None else []):
+            if token == self.token and (stream, path) not in self.reported:
                 self.reported.add((stream, path))
                 out.append(self.unreadable(stream, path, detail))
         return out
@@ -299,6 +303,8 @@ def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_
 
 #: the input tasks of :func:`scan_streams` per slot of Spark's default parallelism
 SCAN_TASKS_PER_CORE = 2
+#: and at most about this many rows (footers) per task: a task holds its chunk in memory twice (read, normalised)
+SCAN_TASK_ROWS = 500_000
 
 
 def spark_scan_enabled() -> bool:
@@ -339,10 +345,11 @@ def scan_ddl(eq: EngineQuery, streams, rejects: bool) -> list:
     return cols + ([("_reason", "string"), ("_file", "string"), ("_raw", "string")] if rejects else [])
 
 
-def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Schema, late_before, reports):
+def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Schema, late_before, reports,
+               token: str):
     """The function ``mapInArrow`` runs over the chunk ids: each chunk's files read in one scan
     (:func:`read_group`) and normalised (:func:`normalize_arrow`), as ``schema``; a file that does not read is
-    reported to the driver (``reports``, an accumulator of (stream, path, detail)) and yields no row."""
+    reported to the driver (``reports``, an accumulator of (``token``, stream, path, detail)) and yields no row."""
 
     def run(batches):
         for rb in batches:
@@ -352,7 +359,7 @@ def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Sc
                 paths = paths[a:b]
                 t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
                 if failed:
-                    reports.add([(name, p, detail) for p, detail in failed])
+                    reports.add([(token, name, p, detail) for p, detail in failed])
                 n = t.num_rows
                 if not n:
                     continue
@@ -374,11 +381,22 @@ class _ListParam:
         return a
 
 
+def _reports(sc):
+    """The Spark context's one accumulator of unreadable files (one per context, not one per read: pyspark
+    keeps every accumulator it made for the context's life; the entries are rare, each input takes its own by
+    token)."""
+    acc = getattr(sc, "_mjoin_unreadable", None)
+    if acc is None:
+        acc = sc._mjoin_unreadable = sc.accumulator([], _ListParam())
+    return acc
+
+
 def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_before: int | None = None,
                  tasks: int | None = None):
     """:func:`normalize_streams` read by Spark's tasks with the driver's reader: a small frame of chunk ids
     (each chunk a contiguous run of one group's files, of about equal rows by the footers: :func:`scan_chunks`;
-    ``tasks`` of them, by default :data:`SCAN_TASKS_PER_CORE` per slot of the default parallelism), and
+    ``tasks`` of them, by default :data:`SCAN_TASKS_PER_CORE` per slot of the default parallelism, more if a
+    task would read more than :data:`SCAN_TASK_ROWS` rows), and
     ``mapInArrow`` reading each chunk in one pyarrow scan and normalising it with the same code as the driver
     path (:func:`read_group`, :func:`normalize_arrow`). No file index, no per-file task work in Spark, one
     projection to analyse. The rows and columns are :func:`normalize_group`'s union (:func:`scan_ddl`); the
@@ -396,12 +414,15 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     weights = [[max(1, getattr(inspected.accepted.get((name, p)), "rows", None) or 1) for p in paths]
                for name, _, paths, _ in groups]
     if tasks is None:
-        tasks = SCAN_TASKS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
+        tasks = max(SCAN_TASKS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism)),
+                    -(-sum(map(sum, weights)) // SCAN_TASK_ROWS))
     chunks = scan_chunks(weights, tasks)
     ddl = scan_ddl(eq, {g[0] for g in groups}, any(g[3] for g in groups))
     if inspected.reports is None:
-        inspected.reports = spark.sparkContext.accumulator([], _ListParam())
-    fn = _scan_task(query, eq, groups, chunks, arrow_schema(ddl), late_before, inspected.reports)
+        import uuid
+
+        inspected.reports, inspected.token = _reports(spark.sparkContext), uuid.uuid4().hex
+    fn = _scan_task(query, eq, groups, chunks, arrow_schema(ddl), late_before, inspected.reports, inspected.token)
     return spark.range(0, len(chunks), 1, len(chunks)).mapInArrow(fn, spark_schema(ddl))
 
 
