@@ -9,7 +9,8 @@ processes (base, new, new, base, ...) on the same lake, so that both see the sam
 ``bench/evaluation`` writes next to its peers' runs). ``--base``: a checkout of the commit to compare against
 (``git archive <commit> include bench | tar -x -C <tree>``); the other tree is this one. ``--variants``: extra runs
 of this tree with environment settings, ``name:VAR=value`` (default ``new-cold:MJOIN_FOOTERS_CACHE=0``: no footer
-cache, every run reads every footer as a first run does). Each process starts its own Spark session (``local[2]``,
+cache, every run reads every footer as a first run does); ``--base-variants`` the same for the base tree.
+Each process starts its own Spark session (``local[2]``,
 4 shuffle partitions), runs a warm-up over the first two cycles (it lists and inspects every landed file, as each
 run does), then ``--rounds`` timed runs per path: ``driver`` (``driver_rows`` = ``interval_driver_rows`` = 10**7:
 the interval read, batched and joined on the driver) and ``spark`` (both 0). Writes
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=3, help="each tree (and variant) runs this many processes")
     ap.add_argument("--paths", nargs="*", default=list(PATHS), choices=list(PATHS))
     ap.add_argument("--variants", nargs="*", default=["new-cold:MJOIN_FOOTERS_CACHE=0"])
+    ap.add_argument("--base-variants", nargs="*", default=[],
+                    help="extra runs of the base tree, as --variants (e.g. base-cold:MJOIN_FOOTERS_CACHE=0)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--tag", default="")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -101,10 +104,10 @@ def main(argv=None) -> int:
     import bench_scale as B
 
     trees = {"base": (str(Path(args.base).resolve()), {}), "new": (str(HERE.parent.parent), {})}
-    for v in args.variants:
-        name, _, setting = v.partition(":")
-        env = dict(kv.split("=", 1) for kv in setting.split(",") if kv)
-        trees[name] = (str(HERE.parent.parent), env)
+    for variants, root in ((args.base_variants, trees["base"][0]), (args.variants, str(HERE.parent.parent))):
+        for v in variants:
+            name, _, setting = v.partition(":")
+            trees[name] = (root, dict(kv.split("=", 1) for kv in setting.split(",") if kv))
     order = []
     for i in range(args.blocks):  # A B C, C B A, A B C, ...
         order += list(trees) if i % 2 == 0 else list(trees)[::-1]
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
     doc["identical_results"] = {p: len({json.dumps(r["fingerprint"], sort_keys=True) for t in doc["runs"]
                                         for r in doc["runs"][t] if r["path"] == p}) == 1 for p in args.paths}
     doc["parameters"] = {"rounds_per_process": args.rounds, "blocks": args.blocks, "paths": args.paths,
-                         "variants": args.variants, "local": "local[2]", "buckets": 4, "shuffle_partitions": 4}
+                         "variants": args.variants, "base_variants": args.base_variants, "local": "local[2]", "buckets": 4, "shuffle_partitions": 4}
     path = HERE / "results" / f"seed-ab{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(doc, indent=1, default=str))
     print(json.dumps({t: {p: {"wall": s["wall"]["median"], "prepare": s["phases"]["prepare"]["median"]}
