@@ -164,7 +164,8 @@ def _corrupt_page(path: str, column: str) -> None:
 @pytest.fixture(scope="module")
 def broken_lake(tmp_path_factory):
     """TPC-DS sf 0.01 with NULL address keys, two NULL event times, and a store-returns file whose first data
-    page is corrupt (its footer passes the contract); and the same lake without that file."""
+    page is corrupt (its footer passes the contract); and the same lake without that file (its intact copy
+    next to that lake's folder, ``original.parquet``)."""
     root = tmp_path_factory.mktemp("scan-broken")
     lake = Lake(str(root / "lake"))
     info = replay_tpcds(lake, 0.01, rate=10.0, arrival_cycle=20)
@@ -174,7 +175,7 @@ def broken_lake(tmp_path_factory):
     import shutil
 
     shutil.copytree(lake.root, clean.root)
-    os.remove(clean.stream_file("store_returns", lake.arrivals("store_returns")[6]))
+    shutil.move(clean.stream_file("store_returns", lake.arrivals("store_returns")[6]), root / "original.parquet")
     _corrupt_page(broken, "sr_addr_sk")
     return lake, clean, info, broken
 
@@ -244,14 +245,18 @@ def test_a_corrupt_file_is_quarantined_when_several_plans_share_the_input(spark,
 
 def test_a_corrupt_file_is_quarantined_by_a_streaming_batch_on_spark(spark, seed_query, broken_lake, tmp_path):
     """A micro-batch on Spark (``driver_rows=0``) quarantines the file its tasks could not read in that batch's
-    counts and rejected files, as a batch on the driver does, and joins the rest the same."""
+    counts and rejected files, as a batch on the driver does, and joins the rest the same; a repaired copy of the
+    file (the same footer) landing next is read, not rejected as a duplicate of it (the file is not remembered)."""
     import shutil
 
-    lake, _, _, broken = broken_lake
+    _, clean, _, _ = broken_lake
+    last = clean.arrivals("store_returns")[-1]
     got = {}
     for where, rows in (("driver", 10**6), ("executors", 0)):
         copy = Lake(str(tmp_path / where))
-        shutil.copytree(os.path.join(lake.root, "streams"), os.path.join(copy.root, "streams"))
+        shutil.copytree(os.path.join(clean.root, "streams"), os.path.join(copy.root, "streams"))
+        broken = copy.stream_file("store_returns", last)  # the newest: still remembered after the run
+        _corrupt_page(broken, "sr_addr_sk")
         s = run_stream(spark, seed_query, copy, config=EngineConfig(buckets=4, driver_rows=rows,
                                                                     max_files_per_trigger=200))
         recs = read_metrics(copy, seed_query.name)
@@ -260,6 +265,16 @@ def test_a_corrupt_file_is_quarantined_by_a_streaming_batch_on_spark(spark, seed
                                    [(os.path.basename(os.path.dirname(f["path"])), f["reason"], f["rows"])
                                     for f in r["quarantined_files"]]) for r in recs],
                       result_fingerprint(copy.results(seed_query.name)))
+        files = [f for r in got[where][1] for f in r[3]]
+        rows_broken = pq.read_metadata(broken).num_rows
+        assert files == [(f"arrival={last}", "unreadable", rows_broken)], where
+        # the repaired copy lands in a later arrival folder
+        target = copy.stream_file("store_returns", last + 10)
+        os.makedirs(os.path.dirname(target))
+        shutil.copy(clean.stream_file("store_returns", last), target)
+        os.utime(target, ns=(time.time_ns() - 60 * 10**9,) * 2)
+        run_stream(spark, seed_query, copy, config=EngineConfig(buckets=4, driver_rows=rows))
+        rec = read_metrics(copy, seed_query.name)[-1]
+        assert rec["quarantined_files"] == [] and rec["quarantined"]["sr"]["duplicate_file"] == 0, where
+        assert rec["rows_in"]["sr"] + sum(rec["quarantined"]["sr"].values()) == rows_broken, where
     assert got["driver"] == got["executors"]
-    files = [f for r in got["executors"][1] for f in r[3]]
-    assert (os.path.basename(os.path.dirname(broken)), "unreadable", pq.read_metadata(broken).num_rows) in files
