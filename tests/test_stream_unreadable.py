@@ -36,7 +36,7 @@ def _sum(records, stream: str, reason: str) -> int:
 
 
 def test_a_repaired_copy_of_an_unreadable_file_is_read(spark, seed_query, tmp_path):
-    """On the driver path (small micro-batches; the Spark path's file source fails the batch instead)."""
+    """On the driver path (small micro-batches; the Spark path: tests/test_input_spark_scan.py)."""
     stage, lake = Lake(str(tmp_path / "stage")), Lake(str(tmp_path / "lake"))
     replay_tpcds(stage, 0.01, rate=10.0, arrival_cycle=20)
     arrivals = sorted({a for s in SOURCES.values() for a in stage.arrivals(s)})

@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     doc["identical_results"] = {p: len({json.dumps(r["fingerprint"], sort_keys=True) for t in doc["runs"]
                                         for r in doc["runs"][t] if r["path"] == p}) == 1 for p in args.paths}
     doc["parameters"] = {"rounds_per_process": args.rounds, "blocks": args.blocks, "paths": args.paths,
-                         "variants": args.variants, "base_variants": args.base_variants, "local": "local[2]", "buckets": 4, "shuffle_partitions": 4}
+                         "variants": args.variants, "base_variants": args.base_variants, "local": "local[2]",
+                         "buckets": 4, "shuffle_partitions": 4}
     path = HERE / "results" / f"seed-ab{'-' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(doc, indent=1, default=str))
     print(json.dumps({t: {p: {"wall": s["wall"]["median"], "prepare": s["phases"]["prepare"]["median"]}

@@ -338,11 +338,6 @@ class StreamJob:
                 if f.ts_max is None:
                     known = after.max_ts.get(f.stream)
                     f.ts_max = known / 1e6 if known is not None else 0.0
-            # a file accepted by its footer whose data then did not read (quarantined unreadable, on the driver or by
-            # Spark's tasks) is not remembered: a repaired copy of it is not a duplicate
-            unread = {(r.stream, r.path) for r in inspected.rejects if r.rule == "input.files_readable"}
-            if unread:
-                seen.files = [f for f in seen.files if (f.stream, f.path) not in unread]
             forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
             return ({"event_time": after.to_json(), "seen_files": seen.to_json()},
                     {"watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
