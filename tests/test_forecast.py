@@ -357,3 +357,21 @@ def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(see
     assert kept_loose.statistics.meta["out_of_range"] == [] and kept_loose.statistics.lam("cu") > 700
     assert check_forecast(seed_query, kept_loose.statistics, h, config=loose).status == "passed"
     assert check_forecast(seed_query, kept_loose.statistics, h).failed_expectations == ["forecast.near_recent_history"]
+
+
+def test_the_forecast_command_bounds_by_default_and_says_so(seed_query, tmp_path, capsys):
+    from mjoin.cli import main
+    from mjoin.stats.history import write_cycle
+
+    h = step_history(seed_query)
+    for cyc, rows in h.groupby("cycle_start"):
+        write_cycle(str(tmp_path / "hist"), seed_query.name, cyc,
+                    rows.assign(cycle_start=cyc.strftime("%Y-%m-%dT%H:%M:%SZ")), meta={"partitioning": None})
+    as_of = str((T0 + pd.Timedelta(seconds=TAU * 40)).timestamp())
+    args = ["forecast", "--stats-history", str(tmp_path / "hist" / seed_query.name), "--as-of", as_of]
+    assert main(args + ["--out", str(tmp_path / "on.json")]) == 0
+    assert "2 Holt value(s) outside the forecast gate's range replaced by the last value: 0/cu/lambda, 0/sr/lambda" \
+        in capsys.readouterr().out
+    assert Statistics.load(tmp_path / "on.json").lam("cu") == 640.0
+    assert main(args + ["--out", str(tmp_path / "off.json"), "--no-bound"]) == 0
+    assert "replaced" not in capsys.readouterr().out and Statistics.load(tmp_path / "off.json").lam("cu") > 700
