@@ -336,8 +336,8 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
     counts = pd.Series([s.method for s in series]).value_counts().to_dict() if series else {}
     out_of_range = [s.key for s in series if s.out_of_range]
     if out_of_range:
-        log.info("forecast: %d Holt forecast(s) outside the recent range replaced by the last value: %s",
-                 len(out_of_range), ", ".join(out_of_range[:10]) + (" ..." if len(out_of_range) > 10 else ""))
+        log.debug("forecast: %d Holt forecast(s) outside the recent range replaced by the last value: %s",
+                  len(out_of_range), ", ".join(out_of_range[:10]) + (" ..." if len(out_of_range) > 10 else ""))
     st.meta = {
         "as_of": iso(parse_time(as_of)), "length": int(length), "horizon": horizon, "model": config.model,
         "cycles_used": int(past["cycle_start"].nunique()), "first_cycle": iso(past["cycle_start"].min()),
