@@ -130,6 +130,46 @@ def test_loop_step_deploys_what_gating_every_order_and_strategy_deploys(seed_que
     assert deploys > 0 and skipped > 0  # both paths ran
 
 
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_query, bound):
+    """The first stream's rate steps up x50..x200 in cycles 12-15 (it turns hot): Holt's trend overshoots the new
+    level. With the forecast bound (the default) that series gets its last value, the forecast gate passes and
+    dppick re-plans; without it the gate fails and dppick is skipped (keeps its plan), as before the bound."""
+    import pandas as pd
+    from test_gates_support import CYCLE, EPOCH0, snapshot
+
+    from mjoin.cycle_loop import CycleLoop, LoopSettings
+    from mjoin.statistics import ROW_COLUMNS
+
+    q = seed_query
+    first, step = q.stream_names[0], {12: 50, 13: 100, 14: 150, 15: 200}
+
+    def snap(k):
+        st = snapshot(q, EPOCH0 + k * CYCLE, seed=k)
+        s0, f = st.groups[0].streams[first], step.get(k, 1)
+        s0.window_tuples, s0.tuples, s0.lam, s0.kappa = (v * f for v in (s0.window_tuples, s0.tuples, s0.lam,
+                                                                         s0.kappa))
+        return st
+
+    hist = pd.DataFrame([r for k in range(16) for r in snap(k).to_rows()], columns=list(ROW_COLUMNS))
+    loop = CycleLoop(q, LoopSettings(strategies=("fixed", "dppick"), length=60, cycle=CYCLE, forecast_bound=bound),
+                     [q.stream_names])
+    assert loop.schedules([]).settings["forecast_bound"] is bound
+    for k in (14, 15):
+        c = EPOCH0 + k * CYCLE
+        loop.record_batch()
+        rec = loop.step(hist[pd.to_datetime(hist["cycle_start"], utc=True) < pd.Timestamp(c + CYCLE, unit="s",
+                                                                                            tz="UTC")], c)
+        assert rec["stats_gate"] == "passed"
+        if bound:
+            assert rec["forecast_gate"] == "passed" and rec["forecast_out_of_range"] >= 1
+            assert "skipped" not in rec["strategies"]["dppick"] and "optimize_seconds" in rec["strategies"]["dppick"]
+        else:
+            assert rec["forecast_gate"] == "failed" and rec["forecast_out_of_range"] == 0
+            assert rec["strategies"]["dppick"]["skipped"] == "statistics or forecast gate failed"
+
+
 @pytest.fixture(scope="module")
 def tiny_tpcds(tmp_path_factory):
     from engine_helpers import replay_tpcds

@@ -249,3 +249,129 @@ def test_kappa_forecast_never_exceeds_window_tuples(seed_query):
                      T0 + pd.Timedelta(seconds=TAU * 40), length=40)
     assert below.statistics.kappa("cu") == pytest.approx(6.0)  # below window_tuples: untouched
     assert "capped" not in below.report[below.report.statistic == "kappa"].iloc[0].reason
+
+
+# ---- the forecast gate's bound: a Holt forecast past the recent range becomes the last value ---------------
+
+STEP = [160.0, 320.0, 480.0, 640.0]  # a stream turning hot: its rate climbs within a few cycles (its window fills)
+
+
+def step_series() -> np.ndarray:
+    """40 cycles at ~3/s, then STEP: Holt's trend carries the forecast past 640 (769 with this statsmodels)."""
+    return np.r_[np.tile([2.0, 3.0, 4.0, 3.0], 10), STEP]
+
+
+def test_a_holt_forecast_past_the_recent_range_becomes_the_last_value():
+    from mjoin.forecast_bound import ForecastBound
+    from mjoin.gates import GateConfig
+
+    y = step_series()
+    off = forecast_series(y, "lambda", config=ForecastConfig(bound=None))
+    bound = ForecastBound()
+    recent = bound.recent(y, "lambda")
+    lo, hi = bound.limits(recent)
+    assert off["method"] == "holt" and off["value"] > hi and not off["out_of_range"]  # the trend overshoots
+    on = forecast_series(y, "lambda")  # on by default, with the gate's default bound
+    assert GateConfig().forecast_bound() == ForecastConfig().bound == bound
+    assert on["method"] == "last_value" and on["value"] == 640.0 and on["out_of_range"]
+    assert f"holt forecast {off['value']:.6g} outside [{lo:.6g}, {hi:.6g}]" in on["reason"]
+    assert on["lower"] < 640.0 < on["upper"]  # the last value's interval (differences' spread)
+    # a looser bound (the gate with k = 100: the spread here is 1.48) lets the same Holt value through
+    loose = forecast_series(y, "lambda", config=ForecastConfig(bound=GateConfig(forecast_spread_k=100).forecast_bound()))
+    assert loose["method"] == "holt" and loose["value"] == pytest.approx(off["value"]) and not loose["out_of_range"]
+
+
+@pytest.mark.parametrize("stat, y", [
+    ("lambda", 50 + np.random.default_rng(2).normal(0, 3, 60)),  # stationary noise
+    ("kappa", 100 + 3.0 * np.arange(60) + np.random.default_rng(3).normal(0, 1, 60)),  # a steady trend
+    ("gamma", np.clip(0.2 + np.random.default_rng(4).normal(0, 0.02, 60), 0, 1)),  # damped
+])
+def test_an_in_range_holt_forecast_is_unchanged(stat, y):
+    on, off = forecast_series(y, stat), forecast_series(y, stat, config=ForecastConfig(bound=None))
+    assert on == off and on["method"].startswith("holt") and not on["out_of_range"]
+
+
+def test_the_bound_applies_to_any_holt_value_it_rejects():
+    """A clean trend (Holt extrapolates it past the last value for sure) against a bound of k = 0: the recent
+    range itself. Inside the range (a falling-then-rising series' forecast) nothing changes."""
+    from mjoin.forecast_bound import ForecastBound
+
+    y = 100 + 3.0 * np.arange(60)
+    tight = ForecastConfig(bound=ForecastBound(k=0.0))
+    free = forecast_series(y, "kappa", config=ForecastConfig(bound=None))
+    assert free["method"] == "holt" and free["value"] > y[-1] + 1
+    out = forecast_series(y, "kappa", config=tight)
+    assert out["method"] == "last_value" and out["value"] == y[-1] and out["out_of_range"]
+    assert forecast_series(y, "kappa", config=ForecastConfig(bound=ForecastBound(k=2.0)))["method"] == "holt"
+    with pytest.raises(ForecastError, match="ForecastBound or None"):
+        ForecastConfig(bound=3.0)
+    with pytest.raises(ValueError, match="spread"):
+        ForecastBound(spread="iqr")
+
+
+def step_history(query, n=40):
+    """``cu`` and ``sr`` (rate and window) step up in the last cycles, ``wr`` steps down to a filter; the rest
+    stay put."""
+    noise = np.random.default_rng(5).poisson(3, n).astype(float)
+    hist = history_of(query, n, lam=lambda j: noise[j], gamma=lambda j: 0.2, kappa=lambda j: 20.0)
+    up = dict(zip(range(n - len(STEP), n), STEP))  # (the noise differs from step_series': checked below)
+    down = dict(zip(range(n - 3, n), [40.0, 10.0, 3.0]))
+    for s, steps in (("cu", up), ("sr", up), ("wr", down)):
+        for j, v in steps.items():
+            at = (hist.entity == "stream") & (hist.stream == s) & (hist.cycle_start == T0 + pd.Timedelta(seconds=TAU * j))
+            hist.loc[at, ["lambda", "window_tuples"]] = [v, v * 30]
+        if s == "wr":  # high before the drop
+            before = (hist.entity == "stream") & (hist.stream == s) & (hist.cycle_start < T0 + pd.Timedelta(seconds=TAU * (n - 3)))
+            hist.loc[before, "lambda"] = 100.0 + noise[: int(before.sum())]
+            hist.loc[before, "window_tuples"] = hist.loc[before, "lambda"] * 30
+    return hist
+
+
+def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(seed_query):
+    from mjoin.gates import GateConfig, check_forecast
+
+    h = step_history(seed_query)
+    as_of = T0 + pd.Timedelta(seconds=TAU * 40)
+    off = forecast(h, as_of, config=ForecastConfig(bound=None))
+    gate_off = check_forecast(seed_query, off.statistics, h)
+    assert gate_off.failed_expectations == ["forecast.near_recent_history"], gate_off.summary()
+    failed = {v["where"] + v["field"] for f in gate_off.failures for v in f.values}
+    assert not off.report["out_of_range"].any() and off.statistics.meta["out_of_range"] == []
+
+    on = forecast(h, as_of)
+    replaced = on.report[on.report["out_of_range"]]
+    # exactly the series the gate failed, each now its last value
+    assert {f"[{r.stream}]{r.statistic}" for r in replaced.itertuples()} == failed
+    assert (replaced["method"] == "last_value").all() and (replaced["value"] == replaced["last_value"]).all()
+    assert on.statistics.meta["out_of_range"] == [f"0/{r.stream}/{r.statistic}" for r in replaced.itertuples()]
+    assert on.statistics.lam("cu") == 640.0 and off.statistics.lam("cu") > 700
+    assert check_forecast(seed_query, on.statistics, h).status == "passed"
+    # series inside the range: the same values as without the bound
+    kept = ~on.report["out_of_range"]
+    assert np.allclose(on.report.loc[kept, "value"], off.report.loc[kept, "value"])
+
+    # the bound follows the gate's configuration: with k = 30 Holt's 800 (24 spreads out) is accepted by the
+    # gate and kept by the forecast given that gate's bound; the default gate still fails it
+    loose = GateConfig(forecast_spread_k=30.0)
+    kept_loose = forecast(h, as_of, config=ForecastConfig(bound=loose.forecast_bound()))
+    assert kept_loose.statistics.meta["out_of_range"] == [] and kept_loose.statistics.lam("cu") > 700
+    assert check_forecast(seed_query, kept_loose.statistics, h, config=loose).status == "passed"
+    assert check_forecast(seed_query, kept_loose.statistics, h).failed_expectations == ["forecast.near_recent_history"]
+
+
+def test_the_forecast_command_bounds_by_default_and_says_so(seed_query, tmp_path, capsys):
+    from mjoin.cli import main
+    from mjoin.stats.history import write_cycle
+
+    h = step_history(seed_query)
+    for cyc, rows in h.groupby("cycle_start"):
+        write_cycle(str(tmp_path / "hist"), seed_query.name, cyc,
+                    rows.assign(cycle_start=cyc.strftime("%Y-%m-%dT%H:%M:%SZ")), meta={"partitioning": None})
+    as_of = str((T0 + pd.Timedelta(seconds=TAU * 40)).timestamp())
+    args = ["forecast", "--stats-history", str(tmp_path / "hist" / seed_query.name), "--as-of", as_of]
+    assert main(args + ["--out", str(tmp_path / "on.json")]) == 0
+    assert "2 Holt value(s) outside the forecast gate's range replaced by the last value: 0/cu/lambda, 0/sr/lambda" \
+        in capsys.readouterr().out
+    assert Statistics.load(tmp_path / "on.json").lam("cu") == 640.0
+    assert main(args + ["--out", str(tmp_path / "off.json"), "--no-bound"]) == 0
+    assert "replaced" not in capsys.readouterr().out and Statistics.load(tmp_path / "off.json").lam("cu") > 700

@@ -240,3 +240,29 @@ def test_history_without_its_columns_fails(seed_query, good, history_frame):
     assert {s["expectation"] for s in res.details["skipped"]} == {"forecast.has_recent_history",
                                                                  "forecast.near_recent_history"}
     assert "forecast.near_recent_history" not in res.evaluated
+
+
+def test_the_gate_checks_the_bound_its_config_gives_the_forecast(seed_query, hist, good):
+    """near_recent_history's window, spread and floors are GateConfig.forecast_bound(), the bound the forecast keeps
+    Holt within (mjoin.forecast_bound): the defaults are one set, overrides reach both."""
+    from mjoin.forecast import ForecastConfig
+    from mjoin.forecast_bound import ForecastBound
+
+    assert GateConfig().forecast_bound() == ForecastBound() == ForecastConfig().bound
+    cfg = GateConfig.from_dict({"forecast_window": 7, "forecast_spread_k": "2.5", "forecast_spread": "std",
+                                "forecast_floor_rel": 0.2, "forecast_floor_abs": 3, "forecast_floor_abs_gamma": 0.05})
+    bound = cfg.forecast_bound()
+    assert bound == ForecastBound(window=7, k=2.5, spread="std", floor_rel=0.2, floor_abs=3.0, floor_abs_gamma=0.05)
+    res = check_forecast(seed_query, good, hist, config=cfg)
+    plaus = pd.DataFrame(res.details["plausibility"]).set_index(["where", "field"])
+    for where, entity, stream, right, field, value in (("[cu]", "stream", "cu", None, "lambda", good.lam("cu")),
+                                                       ("[cu][sr]", "edge", "cu", "sr", "gamma", good.gamma("cu", "sr"))):
+        sel = (hist["entity"] == entity) & (hist["stream"] == stream)
+        sel &= hist["right"].isna() if right is None else (hist["right"] == right)
+        y = hist[sel].sort_values("cycle_start")[field].to_numpy(dtype=float)
+        recent = bound.recent(y, field)
+        row = plaus.loc[(where, field)]
+        assert row["n_history"] == 7 and row["spread"] == pytest.approx(recent.spread)
+        assert (row["low"], row["high"]) == (recent.low, recent.high)
+        assert row["deviation"] == pytest.approx(bound.deviation(value, recent), nan_ok=True)
+        assert recent.spread >= (0.05 if field == "gamma" else 3.0)

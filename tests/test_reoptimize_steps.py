@@ -598,3 +598,49 @@ def test_continuous_check_input_reports_what_the_job_quarantined_since_the_last_
     ctx2 = prepare(cfg, "2026-01-01T00:01:32Z")
     out2 = check_input(cfg, ctx2, clock=lambda: LIVE0 + 200.0, sleep=lambda s: None)
     assert out2["job_quarantine"]["batches"] == [2, 2] and out2["job_quarantine"]["by_stream"] == {"cr": {"bad_time": 1}}
+
+
+# ---- the forecast step: Holt kept within the forecast gate's range -------------------------------
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, seed_query, bound):
+    """A history whose cu and sr rates step up in the last cycles (tests/test_forecast.py): the DAG's forecast step
+    replaces their overshooting Holt values by the last value, says how many in its result and the forecast's
+    report, and the forecast gate step passes; with ``forecast_bound`` off the gate fails as before."""
+    import pandas as pd
+
+    from mjoin.reoptimize import check_forecast, forecast, stats_root
+    from mjoin.stats.history import write_cycle
+    from test_forecast import T0, TAU, step_history
+
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": str(tmp_path), "length": 40, "forecast_bound": bound})
+    assert cfg.forecast_bound is bound
+    hist = step_history(seed_query)
+    for cyc, rows in hist.groupby("cycle_start"):
+        write_cycle(stats_root(cfg), QUERY, cyc, rows.assign(cycle_start=cyc.strftime("%Y-%m-%dT%H:%M:%SZ")),
+                    meta={"partitioning": None})
+    end = T0 + pd.Timedelta(seconds=TAU * 40)
+    ctx = {**ctx_for(tmp_path, f"bound-{bound}", cfg), "start": (end - pd.Timedelta(minutes=1)).isoformat(),
+           "end": end.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    out = forecast(cfg, ctx)
+    assert out["forecast_bound"] is bound and out["history"]["as_stored"] == 40
+    report = json.loads(open(os.path.join(ctx["run_dir"], "forecast_report.json")).read())["report"]
+    replaced = sorted(f"{r['stream']}/{r['statistic']}" for r in report if r["out_of_range"])
+    if bound:
+        assert out["out_of_range"] == 2 and out["out_of_range_series"] == ["0/cu/lambda", "0/sr/lambda"]
+        assert replaced == ["cu/lambda", "sr/lambda"] and out["methods"]["last_value"] >= 2
+        assert check_forecast(cfg, ctx)["status"] == "passed"
+    else:
+        assert out["out_of_range"] == 0 and replaced == []
+        with pytest.raises(StepFailed, match="near_recent_history"):
+            check_forecast(cfg, ctx)
+
+
+def test_forecast_bound_is_a_dag_param_of_the_loop_config():
+    from dataclasses import fields
+
+    from mjoin.dag_params import REOPTIMIZE_PARAMS
+
+    default, typ, _, doc = REOPTIMIZE_PARAMS["forecast_bound"]
+    assert default is True and typ == "boolean" and "last value" in doc
+    assert {f.name: f.default for f in fields(LoopConfig)}["forecast_bound"] is True

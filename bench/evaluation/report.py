@@ -165,7 +165,7 @@ def markdown(r: dict) -> str:
                        f"{doc['engine']['result_rows'][0]:,} | {sh['chain_share_of_task_cpu']:.0%} | "
                        f"{sh['task_cpu']['min']:.2f}-{sh['task_cpu']['max']:.2f} | x{sh['probe_work']['ratio']:.1f} | "
                        f"{_above(doc, 'fixed')}, {_above(doc, 'selectivity_first')}, {_above(doc, 'dppick')} | "
-                       f"{fg.get('failed', 0)} / {go['cycles']} |")
+                       f"{fg.get('failed', 0)} / {go['cycles']}{_bounded(go)} |")
         out.append("\n| preset | measure | dppick vs oracle | exact vs oracle | dppick below fixed (mean of orders) | "
                    "dppick below selectivity_first | exact below fixed / selectivity_first | goal met (dppick, exact) | "
                    "plan changes dppick gated / ungated (paid) |")
@@ -228,6 +228,12 @@ def markdown(r: dict) -> str:
                        f"{sy['throughput_tuples_per_s']:,.0f} | {rows:,} | {sy.get('results_equal_duckdb')} | "
                        f"{(rss or 0) / 1e9:.2f} | {sy.get('state_tuples') or '-'} | x{sy.get('mjoin_speedup', 0):.2f} |")
     return "\n".join(out)
+
+
+def _bounded(gate_outcomes: dict) -> str:
+    """Runs with the forecast's bound (mjoin.forecast_bound): in how many cycles Holt values were replaced."""
+    b = gate_outcomes.get("forecast_out_of_range")
+    return f"; Holt replaced by the last value in {b['cycles']} ({b['series']} series)" if b else ""
 
 
 def results_section(paths: list) -> str:

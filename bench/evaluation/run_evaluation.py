@@ -505,6 +505,9 @@ def paper_workload(spark, args, label: str, workload: Path, qname: str | None, w
         doc["loop"]["gate_outcomes"] = {
             "stats_gate": _count(r.get("stats_gate") for r in sched.cycles),
             "forecast_gate": _count(r.get("forecast_gate") for r in sched.cycles),
+            # Holt forecasts outside the gate's range replaced by the last value (mjoin.forecast's bound)
+            "forecast_out_of_range": {"series": sum(r.get("forecast_out_of_range", 0) for r in sched.cycles),
+                                      "cycles": sum(1 for r in sched.cycles if r.get("forecast_out_of_range"))},
             "cycles": len(sched.cycles), "measured_from_cycle": offset}
         sched = from_batch(sched, offset)
         doc["loop"]["settings"] = sched.settings

@@ -9,7 +9,9 @@ the forecast, and the new plan runs from the next batch on. :class:`CycleLoop` d
       -> Holt forecast of cycle k+1 (last L cycles)              -> forecast gate
       -> per strategy: optimize -> plan gate against its active plan (hysteresis) -> active for batch k+1
 
-A failed statistics or forecast gate keeps every strategy's active plan; ``no_change`` from the plan gate
+The forecast keeps each Holt value within the forecast gate's range (else the series' last value:
+``LoopSettings.forecast_bound``, :mod:`mjoin.forecast_bound`), as the DAG's does. A failed statistics or
+forecast gate keeps every strategy's active plan; ``no_change`` from the plan gate
 keeps the strategy's. Per strategy the plan gate is called (and timed) every cycle for the first initial order's
 active plan, as the DAG calls it for its one plan; for the other initial orders it is called once per distinct
 (statistics, candidate, active plan), shared by the strategies (its outcome depends on nothing else), and not at
@@ -56,6 +58,8 @@ class LoopSettings:
     cycle: float = 10.0  # tau, seconds
     gates: dict = field(default_factory=dict)  # GateConfig overrides (improvement_threshold: the hysteresis)
     cost_model: object = None  # CostModel, path or None
+    #: a Holt forecast outside the forecast gate's range becomes the series' last value (mjoin.forecast)
+    forecast_bound: bool = True
 
 
 @dataclass
@@ -123,7 +127,7 @@ class CycleLoop:
         """Cycle ``[cycle_start, cycle_start + tau)`` has landed and its statistics are in ``history`` (tidy rows of
         the last L cycles up to it): gate, forecast, gate, and per strategy optimize and gate. Returns the cycle's
         record (seconds per step, gate outcomes, deploys)."""
-        from .forecast import forecast, last_value
+        from .forecast import ForecastConfig, forecast, last_value
         from .gates import check_forecast, check_statistics
         from .optimize import optimize
 
@@ -137,8 +141,10 @@ class CycleLoop:
         fc = None
         if g_stats.ok:
             t = time.perf_counter()
-            fc = forecast(history, end, length=self.settings.length).statistics
+            bound = cfg.forecast_bound() if self.settings.forecast_bound else None
+            fc = forecast(history, end, length=self.settings.length, config=ForecastConfig(bound=bound)).statistics
             rec["seconds"]["forecast"] = time.perf_counter() - t
+            rec["forecast_out_of_range"] = len(fc.meta["out_of_range"])
             t = time.perf_counter()
             g_fc = check_forecast(q, fc, history, config=cfg)
             rec["seconds"]["forecast_gate"] = time.perf_counter() - t
@@ -211,6 +217,7 @@ class CycleLoop:
                          cycles=self.cycles, settings={"strategies": list(self.settings.strategies),
                                                        "length": self.settings.length, "cycle": self.settings.cycle,
                                                        "gates": self.gate_config.to_dict(),
+                                                       "forecast_bound": self.settings.forecast_bound,
                                                        "cost_model": self.model.to_json()})
 
 

@@ -51,6 +51,9 @@ REOPTIMIZE_PARAMS = {
                          "model with its per-group overhead)"),
     "length": (60, "integer", {"minimum": 2, "maximum": 10000}, "L: statistics cycles the forecast reads"),
     "cycle": (10, "integer", {"minimum": 1, "maximum": 3600}, "tau: statistics cycle in seconds"),
+    "forecast_bound": (True, "boolean", {}, "a Holt forecast outside the range the forecast gate accepts (the last "
+                                             "forecast_window cycles' range +- forecast_spread_k spreads) becomes the "
+                                             "series' last value instead of failing the gate"),
     "improvement_threshold": (None, ["null", "number"], {"minimum": 0, "maximum": 1},
                               "deploy only if the estimated cost drops by at least this fraction (empty: the gate "
                               "config's default; gates.improvement_threshold, if given, wins)"),

@@ -19,6 +19,12 @@ edge (``gamma``, ``mu``), over the last ``length`` cycles with ``cycle_start < a
   -> ``config.fallback``. statsmodels warnings are captured and become the reason; they
   never reach the log;
 - clipping to valid ranges: ``gamma`` in [0, 1], ``mu`` >= 1, the rest >= 0;
+- a Holt forecast outside the range the forecast gate accepts (``config.bound``: the series'
+  last ``window`` cycles' range widened by ``k`` spreads, :mod:`mjoin.forecast_bound`, the
+  bound ``forecast.near_recent_history`` checks) -> the series' last value (method
+  ``last_value``, ``out_of_range`` True, the reason names the Holt value and the range): after a
+  step Holt's trend overshoots, and one such series would fail the gate for the whole forecast.
+  ``bound=None`` switches it off;
 - prediction intervals at ``config.level``: ``Holt`` results carry none, so they come from
   the fit's one-step residual standard deviation, widened for longer horizons with the
   ETS(A,A,N) / ETS(A,Ad,N) variance formula; ``ETSModel`` gives the same from its own MLE
@@ -40,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from .forecast_bound import ForecastBound
 from .statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
 from .timeutil import iso, parse_time
 
@@ -68,6 +75,9 @@ class ForecastConfig:
     use_brute: bool = False  # statsmodels' brute-force start grid: ~2-3x slower, errors within ~3% (bench/forecast/speed.py)
     guard: float = 1.0  # reject a fit whose forecast leaves [min - guard*range, max + guard*range]
     damped: tuple = ("gamma",)  # statistics fitted with the damped trend
+    #: a Holt forecast this bound rejects becomes the last value (None: off). The forecast gate's bound: pass
+    #: ``GateConfig.forecast_bound()`` where the gate runs with other settings than the defaults
+    bound: ForecastBound | None = ForecastBound()
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -78,6 +88,8 @@ class ForecastConfig:
             raise ForecastError("min_points must be >= 3 (Holt estimates 4-5 parameters)")
         if not 0 < self.level < 1:
             raise ForecastError(f"interval level must be in (0, 1), got {self.level}")
+        if self.bound is not None and not isinstance(self.bound, ForecastBound):
+            raise ForecastError(f"bound must be a ForecastBound or None, not {type(self.bound).__name__}")
 
 
 @dataclass
@@ -95,6 +107,7 @@ class SeriesForecast:
     upper: float | None
     last_value: float | None
     horizon: int
+    out_of_range: bool = False  # a Holt forecast outside config.bound, replaced by the last value
 
     @property
     def key(self) -> str:
@@ -169,7 +182,7 @@ def _holt(y: np.ndarray, damped: bool, horizon: int, config: ForecastConfig):
 def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig | None = None) -> dict:
     """Forecast one series ``horizon`` cycles past its last element (NaN = missing cycle).
 
-    Returns ``{method, reason, value, lower, upper, n_points, last_value, horizon}``."""
+    Returns ``{method, reason, value, lower, upper, n_points, last_value, horizon, out_of_range}``."""
     config = config or ForecastConfig()
     y = np.asarray(y, dtype=float)
     finite = np.isfinite(y)
@@ -222,7 +235,16 @@ def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig 
     span = (hi_d - lo_d) * config.guard
     if f < lo_d - span or f > hi_d + span:
         return fallback(f"fit unstable: forecast {f:.6g} outside [{lo_d - span:.6g}, {hi_d + span:.6g}]")
-    return _interval("holt_damped" if damped else "holt", "; ".join(reasons), f, sigma, n, last, horizon, statistic, config)
+    method = "holt_damped" if damped else "holt"
+    out = _interval(method, "; ".join(reasons), f, sigma, n, last, horizon, statistic, config)
+    if config.bound is not None:
+        recent = config.bound.recent(y[np.isfinite(y)], statistic)
+        if not config.bound.accepts(out["value"], recent):
+            lo, hi = config.bound.limits(recent)
+            out = fallback(f"{method} forecast {out['value']:.6g} outside [{lo:.6g}, {hi:.6g}] (the last "
+                           f"{recent.n} cycles' range +- {config.bound.k:g} spreads): the last value", "last_value")
+            out["out_of_range"] = True
+    return out
 
 
 def _interval(method, reason, v, sd, n, last, horizon, statistic, config):
@@ -239,7 +261,8 @@ def _out(method, reason, v, lo, hi, n, last, horizon, statistic) -> dict:
         reason = (reason + "; " if reason else "") + f"clipped {v:.6g} to {clipped:g}"
     clip = (lambda x: None if x is None else min(max(float(x), bmin), bmax))
     return {"method": method, "reason": reason, "value": float(clipped), "lower": clip(lo), "upper": clip(hi),
-            "n_points": int(n), "last_value": None if last is None else float(last), "horizon": int(horizon)}
+            "n_points": int(n), "last_value": None if last is None else float(last), "horizon": int(horizon),
+            "out_of_range": False}
 
 
 # ---- the history --------------------------------------------------------------------------
@@ -307,15 +330,20 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
                 fit_seconds += time.perf_counter() - t_fit
                 series.append(SeriesForecast(statistic=stat, group=int(rec[0]), entity=entity, stream=str(rec[1]),
                                              right=str(rec[2]) if entity == "edge" else None, **out))
-    _cap_kappa(series)
+    _cap_kappa(series)  # after the bound: the cap only lowers kappa, to a window_tuples forecast in its own range
     kind = {"holt": "forecast", "last_value": "last_value", "mean": "mean"}[config.model]
     st = _statistics(query, series, kind, target, tau)
     counts = pd.Series([s.method for s in series]).value_counts().to_dict() if series else {}
+    out_of_range = [s.key for s in series if s.out_of_range]
+    if out_of_range:
+        log.debug("forecast: %d Holt forecast(s) outside the recent range replaced by the last value: %s",
+                  len(out_of_range), ", ".join(out_of_range[:10]) + (" ..." if len(out_of_range) > 10 else ""))
     st.meta = {
         "as_of": iso(parse_time(as_of)), "length": int(length), "horizon": horizon, "model": config.model,
         "cycles_used": int(past["cycle_start"].nunique()), "first_cycle": iso(past["cycle_start"].min()),
         "last_cycle": iso(grid[-1]),
         "interval_level": config.level, "methods": {k: int(v) for k, v in counts.items()}, "notes": notes,
+        "out_of_range": out_of_range,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "series": {s.key: {"method": s.method, "reason": s.reason, "n_points": s.n_points, "lower": _clean(s.lower),
                            "upper": _clean(s.upper), "last_value": _clean(s.last_value)} for s in series},
@@ -324,7 +352,7 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
     st.partitioning = meta.get("partitioning")
     report = pd.DataFrame([asdict(s) for s in series],
                           columns=["statistic", "group", "entity", "stream", "right", "n_points", "method", "reason",
-                                   "value", "lower", "upper", "last_value", "horizon"])
+                                   "value", "lower", "upper", "last_value", "horizon", "out_of_range"])
     elapsed = time.perf_counter() - t_start
     st.meta["elapsed_seconds"] = elapsed
     log.debug("forecast of %d series in %.2fs: %s", len(series), elapsed, counts)

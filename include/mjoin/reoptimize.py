@@ -75,6 +75,8 @@ class LoopConfig:
     namespace: str = ""
     strategy: str = "exact"
     length: int = 60  # L: statistics cycles the forecast reads
+    #: a Holt forecast outside the range the forecast gate accepts becomes the series' last value (mjoin.forecast)
+    forecast_bound: bool = True
     cycle: float = 10.0  # tau: statistics cycle, seconds
     period: float = 300.0  # the re-optimization period (the DAG schedule), seconds
     improvement_threshold: float | None = None  # None: GateConfig's default (resolved in from_params)
@@ -509,6 +511,13 @@ def forecast_path(ctx: dict, rule) -> str:
                        f"forecast_{tag or 'one_group'}.json")
 
 
+def forecast_config(cfg: LoopConfig):
+    """The forecast's settings: Holt kept within the forecast gate's bound of this run (``forecast_bound``)."""
+    from .forecast import ForecastConfig
+
+    return ForecastConfig(bound=_gate_config(cfg).forecast_bound() if cfg.forecast_bound else None)
+
+
 def forecast_rule(cfg: LoopConfig, ctx: dict, query, rule, path: str | None = None):
     """Holt forecast of ``rule``'s key groups from the last L cycles before the interval end (no look-ahead),
     written to ``path`` with its report; the statistics. Never blind after a rule change: every cycle of the
@@ -516,7 +525,7 @@ def forecast_rule(cfg: LoopConfig, ctx: dict, query, rule, path: str | None = No
     from .forecast import forecast as holt
 
     history, report = rule_history(cfg, query, rule, ctx["end"])
-    res = holt(history, ctx["end"], length=cfg.length)
+    res = holt(history, ctx["end"], length=cfg.length, config=forecast_config(cfg))
     res.statistics.partitioning = rule or None
     res.statistics.meta["history"] = report
     path = path or forecast_path(ctx, rule)
@@ -537,8 +546,13 @@ def forecast(cfg: LoopConfig, ctx: dict) -> dict:
     res = forecast_rule(cfg, ctx, query, rule, path)
     _write(fsutil.join(ctx["run_dir"], "forecast_rule.json"), {"rule": rule, "tag": _rule_tag(rule)})
     methods = {str(k): int(v) for k, v in res.report["method"].value_counts().items()} if len(res.report) else {}
+    out_of_range = res.statistics.meta["out_of_range"]
+    log.info("forecast of %s: %d series, %d Holt forecast(s) outside the forecast gate's recent range replaced by "
+             "the last value%s", query.name, len(res.report), len(out_of_range),
+             f" ({', '.join(out_of_range)})" if out_of_range else "" if cfg.forecast_bound else " (bound off)")
     return {"forecast": path, "methods": methods, "series": int(len(res.report)), "key_groups": rule,
-            "history": res.statistics.meta["history"]}
+            "out_of_range": len(out_of_range), "out_of_range_series": out_of_range,
+            "forecast_bound": cfg.forecast_bound, "history": res.statistics.meta["history"]}
 
 
 def _forecast_rule_tag(ctx: dict) -> str:

@@ -29,6 +29,9 @@ def add_arguments(p):
     p.add_argument("--fallback", choices=("last_value", "mean"), default="last_value",
                    help="value for short series and failed fits (default last_value)")
     p.add_argument("--level", type=float, default=0.9, help="prediction-interval coverage (default 0.9)")
+    p.add_argument("--no-bound", dest="bound", action="store_false",
+                   help="keep Holt values outside the forecast gate's range (default: the series' last value "
+                        "replaces them; the range is the gate's defaults, docs/statistics.md)")
 
 
 def run(args) -> int:
@@ -41,7 +44,8 @@ def run(args) -> int:
         as_of = parse_time(args.as_of)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    config = ForecastConfig(model=args.model, min_points=args.min_points, fallback=args.fallback, level=args.level)
+    config = ForecastConfig(model=args.model, min_points=args.min_points, fallback=args.fallback, level=args.level,
+                            **({} if args.bound else {"bound": None}))
     history = read_history(args.stats_history, args.query, end=as_of, meta=True)
     if history.empty:
         raise UserError(f"{args.stats_history} holds no statistics cycle before {iso(as_of)}")
@@ -53,6 +57,9 @@ def run(args) -> int:
           f"[{st.meta['first_cycle']} .. {st.meta['last_cycle']}] -> cycle {st.cycle_start} "
           f"({st.meta['horizon']} step(s) ahead) in {result.elapsed_seconds:.2f}s")
     print(f"  methods: {methods}")
+    if st.meta["out_of_range"]:
+        print(f"  {len(st.meta['out_of_range'])} Holt value(s) outside the forecast gate's range replaced by the last "
+              f"value: {', '.join(st.meta['out_of_range'])}")
     for note in st.meta["notes"]:
         print(f"  note: {note}")
     print(f"  wrote {args.out}")

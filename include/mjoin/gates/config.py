@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from ..timeutil import parse_duration
 from ..contract import DEFAULT_POSITIONAL
+from ..forecast_bound import SPREADS, ForecastBound
 
 
 class GateConfigError(ValueError):
@@ -76,20 +77,21 @@ class GateConfig:
     min_history: int = 10
 
     # ---- 3. forecast gate ------------------------------------------------------------
-    #: recent cycles the forecast is compared with
-    forecast_window: int = 10
+    # (defaults: mjoin.forecast_bound.ForecastBound, the one bound the gate and the forecast share)
+    #: recent cycles the forecast is compared with (default 10)
+    forecast_window: int = ForecastBound.window
     #: a forecast value fails when it lies more than k * spread outside [min, max] of the recent
-    #: history: max(min - value, value - max, 0) > k * spread
-    forecast_spread_k: float = 6.0
-    #: spread of the recent history: "mad" (1.4826 x median absolute deviation, robust) or "std"
-    forecast_spread: str = "mad"
+    #: history: max(min - value, value - max, 0) > k * spread (default 6)
+    forecast_spread_k: float = ForecastBound.k
+    #: spread of the recent history: "mad" (1.4826 x median absolute deviation, robust; default) or "std"
+    forecast_spread: str = ForecastBound.spread
     #: floor of the spread, so a flat history does not reject every change:
-    #: spread >= max(forecast_floor_rel * |median of the recent history|, absolute floor)
-    forecast_floor_rel: float = 0.10
-    #: absolute floor for lambda, kappa, window_tuples and mu (counts and rates)
-    forecast_floor_abs: float = 1.0
-    #: absolute floor for gamma (a rate in [0, 1])
-    forecast_floor_abs_gamma: float = 0.02
+    #: spread >= max(forecast_floor_rel * |median of the recent history|, absolute floor) (default 0.10)
+    forecast_floor_rel: float = ForecastBound.floor_rel
+    #: absolute floor for lambda, kappa, window_tuples and mu (counts and rates; default 1)
+    forecast_floor_abs: float = ForecastBound.floor_abs
+    #: absolute floor for gamma (a rate in [0, 1]; default 0.02)
+    forecast_floor_abs_gamma: float = ForecastBound.floor_abs_gamma
 
     # ---- 4. plan gate ----------------------------------------------------------------
     #: minimum relative improvement (cost_active - cost_new) / cost_active to deploy;
@@ -128,7 +130,7 @@ class GateConfig:
         if not (isinstance(self.improvement_threshold, (int, float)) and math.isfinite(self.improvement_threshold)
                 and self.improvement_threshold < 1):
             problems.append(f"improvement_threshold={self.improvement_threshold!r} must be a finite number < 1")
-        if self.forecast_spread not in ("mad", "std"):
+        if self.forecast_spread not in SPREADS:
             problems.append(f"forecast_spread={self.forecast_spread!r} must be 'mad' or 'std'")
         if self.input_engine not in ("pyarrow", "spark"):
             problems.append(f"input_engine={self.input_engine!r} must be 'pyarrow' or 'spark'")
@@ -180,6 +182,12 @@ class GateConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
     # ---- derived ---------------------------------------------------------------------
+    def forecast_bound(self) -> ForecastBound:
+        """The range rule ``forecast.near_recent_history`` checks, as :func:`mjoin.forecast.forecast` applies it."""
+        return ForecastBound(window=self.forecast_window, k=self.forecast_spread_k, spread=self.forecast_spread,
+                             floor_rel=self.forecast_floor_rel, floor_abs=self.forecast_floor_abs,
+                             floor_abs_gamma=self.forecast_floor_abs_gamma)
+
     def late_tolerance_for(self, query) -> float:
         return query.lateness if self.late_tolerance is None else float(self.late_tolerance)
 

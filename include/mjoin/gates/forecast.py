@@ -1,22 +1,19 @@
 """Gate 3: the forecast (finite, in range, complete, and not absurdly far from the recent history).
 
-"Absurdly far": ``max(min(recent) - value, value - max(recent), 0) > k * spread``, i.e.
-more than ``k`` spreads outside the range ``[min, max]`` of ``recent``, the last
-``forecast_window`` cycles of the series before the forecast (a value the series has
-already taken is never absurd). ``spread`` is 1.4826 x the median absolute deviation
-(``forecast_spread="mad"``, robust to the one odd cycle) or the standard deviation,
-floored at ``max(forecast_floor_rel * |median(recent)|, absolute floor)`` so that a
-flat history (spread 0) does not reject every change.
+"Absurdly far": more than ``forecast_spread_k`` spreads outside the range ``[min, max]`` of
+the last ``forecast_window`` cycles of the series before the forecast (a value the series has
+already taken is never absurd); the spread and its floor: :mod:`mjoin.forecast_bound`, the
+one bound the gate checks and the forecast keeps Holt within (``GateConfig.forecast_bound()``).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np
 import pandas as pd
 
+from ..forecast_bound import MAD_TO_SIGMA, spread_of
 from ..schemas import SchemaError
 from ..statistics import ROW_COLUMNS, Statistics, StatisticsError
 from .base import GateRun
@@ -26,7 +23,7 @@ from .result import GateResult
 from .suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
                      forecast_values_suite, history_columns_suite)
 
-MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): for normal data sigma = 1.4826 x MAD
+__all__ = ["MAD_TO_SIGMA", "spread_of", "load_forecast", "plausibility_frame", "check_forecast"]
 
 
 def load_forecast(ref) -> Statistics:
@@ -40,18 +37,10 @@ def load_forecast(ref) -> Statistics:
     raise TypeError(f"a forecast is a Statistics, a JSON document or a path, not {type(ref).__name__}")
 
 
-def spread_of(values: np.ndarray, how: str) -> float:
-    """Robust (MAD) or classical (std) spread of the recent history."""
-    if len(values) == 0:
-        return math.nan
-    if how == "std":
-        return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
-
-
 def plausibility_frame(forecast_rows: pd.DataFrame, history: pd.DataFrame, cfg: GateConfig,
                        before=None) -> pd.DataFrame:
     """One row per forecast value: the recent history it is compared with and how far it is (in spreads)."""
+    bound = cfg.forecast_bound()
     hist = history
     if before is not None and not pd.isna(before) and len(hist):
         hist = hist[hist["cycle"] < before]
@@ -66,24 +55,12 @@ def plausibility_frame(forecast_rows: pd.DataFrame, history: pd.DataFrame, cfg: 
         grp = series.get((int(row["group"]), row["entity"], row["stream"], right))
         for f in fields:
             value = row[f"{f}_raw"]
-            recent = np.array([], dtype=float)
-            if grp is not None:
-                vals = grp[f"{f}_raw"].to_numpy(dtype=float)[-cfg.forecast_window:]
-                recent = vals[np.isfinite(vals)]
-            median = float(np.median(recent)) if len(recent) else math.nan
-            spread = spread_of(recent, cfg.forecast_spread)
-            floor_abs = cfg.forecast_floor_abs_gamma if f == "gamma" else cfg.forecast_floor_abs
-            floor = max(cfg.forecast_floor_rel * abs(median), floor_abs) if len(recent) else math.nan
-            used = max(spread, floor) if len(recent) else math.nan
-            # distance to the range the recent history has shown (0 inside it), in spreads: a value the
-            # series has already taken is never absurd, e.g. a sparse gamma of zeros with a spike
-            lo = float(recent.min()) if len(recent) else math.nan
-            hi = float(recent.max()) if len(recent) else math.nan
-            outside = max(lo - value, value - hi, 0.0) if (len(recent) and math.isfinite(value)) else math.nan
-            deviation = outside / used if math.isfinite(outside) else math.nan
+            vals = grp[f"{f}_raw"].to_numpy(dtype=float) if grp is not None else np.array([], dtype=float)
+            recent = bound.recent(vals, f)  # the last forecast_window cycles, their finite values
+            deviation = bound.deviation(value, recent)
             out.append({"where": where_label(row["entity"], row["stream"], right, row["group"], None), "field": f,
-                        "value": value, "median": median, "low": lo, "high": hi, "spread": used, "deviation": deviation,
-                        "n_history": len(recent)})
+                        "value": value, "median": recent.median, "low": recent.low, "high": recent.high,
+                        "spread": recent.spread, "deviation": deviation, "n_history": recent.n})
     return pd.DataFrame(out, columns=["where", "field", "value", "median", "low", "high", "spread", "deviation",
                                       "n_history"])
 
