@@ -150,17 +150,26 @@ def drop_null_keys(landed: Path) -> dict:
     return dropped
 
 
-def run_mjoin(spark, landed: Path, out: Path, span, default_path: bool = False) -> dict:
-    """The engine over the interval on the Spark path (``driver_rows=0``, what the issue's goals were set on), or
-    with ``default_path`` the engine's default (an interval of at most ``driver_rows`` rows runs on the driver:
-    its input and operator phases are then ``input_driver`` and ``operator_driver``)."""
-    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
+def engine_config(path: str = "spark"):
+    """The engine's configuration per path: ``spark`` (``driver_rows=0``: every interval as Spark jobs, what the
+    issue's goals were set on), ``default`` (the engine's default: an interval of at most
+    ``interval_driver_rows`` rows runs on the driver) or ``driver`` (on the driver whatever its size)."""
+    from mjoin.engine import EngineConfig
 
+    return {"spark": EngineConfig(buckets=16, driver_rows=0), "default": EngineConfig(buckets=16),
+            "driver": EngineConfig(buckets=16, interval_driver_rows=10**9, driver_rows=10**9)}[path]
+
+
+def run_mjoin(spark, landed: Path, out: Path, span, config=None) -> dict:
+    """The engine over the interval with ``config`` (:func:`engine_config`; default: the Spark path). On the
+    driver its input and operator phases are ``input_driver`` and ``operator_driver``."""
+    from mjoin.engine import result_fingerprint, run_interval
+
+    config = config or engine_config("spark")
     shutil.rmtree(out, ignore_errors=True)
     with PeakRSS() as mem:
         t0 = time.perf_counter()
-        s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out),
-                         config=EngineConfig(buckets=16) if default_path else EngineConfig(buckets=16, driver_rows=0))
+        s = run_interval(spark, QUERY, None, str(landed), span[0], span[1], CYCLE, str(out), config=config)
         wall = time.perf_counter() - t0
     stages = s.extra["phases"]["spark_stages"]
     ph = s.extra["phases"]
@@ -172,6 +181,7 @@ def run_mjoin(spark, landed: Path, out: Path, span, default_path: bool = False) 
     rows_in = sum(s.rows_in.values()) + sum(sum(v.values()) for v in s.quarantined.values())
     doc = {"engine": "mjoin", "wall_seconds": wall, "phases": phases,
            "input_share": (phases["contract_checks_driver"] + phases["input_stage"]) / wall,
+           "prepare_seconds": s.prepare_seconds,
            "spark_stages": stages, "rows_in": rows_in, "result_rows": s.result_rows,
            "peak_rss_mb": mem.mb(), "state_bytes": du(out / "state"), "results_bytes": du(out / "results"),
            "batches": s.batches, "execution": s.extra.get("execution")}
@@ -269,7 +279,8 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
             random.Random(r).shuffle(order)
             for k in order:
                 if k in ("mjoin", "mjoin-default"):
-                    res = run_mjoin(spark, landed, work / f"out-{k}", span, default_path=k == "mjoin-default")
+                    res = run_mjoin(spark, landed, work / f"out-{k}", span,
+                                    engine_config("default" if k == "mjoin-default" else "spark"))
                 elif k == "duckdb":
                     res = run_duckdb(landed, work / "out-duckdb", span, work / "spill")
                 else:

@@ -30,7 +30,6 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/scale-work")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
-    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
     from mjoin.engine.metrics import git_commit, machine
     from mjoin.resources import Resources
     from mjoin.sparkutil import get_spark
@@ -40,26 +39,16 @@ def main(argv=None) -> int:
     spark = get_spark("bench-paths", Resources(spark_master="local[2]", shuffle_partitions=16),
                       conf={"spark.driver.memory": "6g"})
     out = Path(args.work) / f"paths-out-{os.getpid()}"
-    configs = {"spark": EngineConfig(buckets=16, driver_rows=0),
-               "driver": EngineConfig(buckets=16, interval_driver_rows=10**9, driver_rows=10**9)}
     doc = {"benchmark": "paths", "sf": args.sf, "density": args.density, "machine": machine(),
            "versions": B.versions(), "git_commit": git_commit(HERE.parent.parent), "load_before": os.getloadavg(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "span": span, "runs": []}
     for r in range(args.rounds):
-        for name, cfg in configs.items():
-            shutil.rmtree(out, ignore_errors=True)
+        for name in ("spark", "driver"):
             load = os.getloadavg()[0]
-            with B.PeakRSS() as mem:
-                t0 = time.perf_counter()
-                s = run_interval(spark, B.QUERY, None, str(landed), span[0], span[1], B.CYCLE, str(out), config=cfg)
-                wall = time.perf_counter() - t0
-            row = {"round": r, "path": name, "wall_seconds": wall, "prepare_seconds": s.prepare_seconds,
-                   "input_share": s.prepare_seconds / wall,
-                   "phases": {k: v for k, v in s.extra["phases"].items() if isinstance(v, (int, float))},
-                   "result_rows": s.result_rows, "peak_rss_mb": mem.mb(), "load": load,
-                   "execution": s.extra.get("execution"), "fingerprint": result_fingerprint(str(out), B.QUERY)}
+            row = {"round": r, "path": name, "load": load,
+                   **B.run_mjoin(spark, landed, out, span, B.engine_config(name))}
             doc["runs"].append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "spark_stages"}, default=str), flush=True)
         d = B.run_duckdb(landed, out, span, Path(args.work) / "spill")
         doc["runs"].append({"round": r, "path": "duckdb", "wall_seconds": d["wall_seconds"], "load": load,
                             "result_rows": d["result_rows"], "peak_rss_mb": d["peak_rss_mb"],
