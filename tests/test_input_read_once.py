@@ -125,3 +125,80 @@ def test_footer_facts_are_remembered_until_the_file_changes(tmp_path):
     assert all(contract.inspect_all([(str(junk), stream, None)])[0].read_error for _ in range(2))
     assert contract.FOOTERS.misses == 7
     contract.FOOTERS.clear()
+
+
+# ---- the reader: DuckDB's where it reads exactly as pyarrow does, pyarrow's elsewhere -----------------
+
+
+def _typed_files(tmp_path, n_files: int = 5) -> tuple[list, pa.Schema]:
+    """Files of every column type the DuckDB reader takes, NULLs in each column, one empty file, the columns in
+    another order and an extra column in every other file."""
+    import datetime as dt
+    import decimal
+
+    schema = pa.schema([("i64", pa.int64()), ("i32", pa.int32()), ("i16", pa.int16()), ("u8", pa.uint8()),
+                        ("f32", pa.float32()), ("f64", pa.float64()), ("b", pa.bool_()), ("s", pa.string()),
+                        ("d", pa.date32()), ("ts_us", pa.timestamp("us", tz="UTC")), ("ts_ms", pa.timestamp("ms")),
+                        ("ts_s", pa.timestamp("s", tz="America/New_York")), ("dec", pa.decimal128(7, 2)),
+                        ("dec38", pa.decimal128(38, 4))])
+    paths = []
+    for j in range(n_files):
+        rng = np.random.default_rng(j)
+        n = 0 if j == 2 else int(rng.integers(5, 50))
+        mask = rng.random(n) < 0.2
+        base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        cols = {
+            "i64": rng.integers(-2**62, 2**62, n), "i32": rng.integers(-2**31, 2**31, n).astype(np.int32),
+            "i16": rng.integers(-2**15, 2**15, n).astype(np.int16), "u8": rng.integers(0, 256, n).astype(np.uint8),
+            "f32": rng.random(n).astype(np.float32), "f64": rng.standard_normal(n), "b": rng.random(n) < 0.5,
+            "s": [f"é{v}" for v in rng.integers(0, 10**6, n)], "d": [dt.date(2026, 1, 1 + int(v)) for v in rng.integers(0, 28, n)],
+            "ts_us": [base + dt.timedelta(microseconds=int(v)) for v in rng.integers(0, 10**12, n)],
+            "ts_ms": [dt.datetime(2026, 1, 1) + dt.timedelta(milliseconds=int(v)) for v in rng.integers(0, 10**9, n)],
+            "ts_s": [base + dt.timedelta(seconds=int(v)) for v in rng.integers(0, 10**7, n)],
+            "dec": [decimal.Decimal(int(v)) / 100 for v in rng.integers(-10**6, 10**6, n)],
+            "dec38": [decimal.Decimal(int(v)) / 10**4 for v in rng.integers(-10**18, 10**18, n)]}
+        arrays = {f.name: pa.array(cols[f.name], f.type, mask=mask) for f in schema}
+        names = schema.names if j % 2 == 0 else list(reversed(schema.names)) + ["extra"]
+        if j % 2:
+            arrays["extra"] = pa.array(np.arange(n))
+        p = tmp_path / f"arrival={j}" / "part-00000.parquet"
+        p.parent.mkdir(parents=True)
+        pq.write_table(pa.table({c: arrays[c] for c in names}), p, row_group_size=7)
+        paths.append(str(p))
+    return paths, schema
+
+
+def test_the_duckdb_reader_gives_pyarrows_rows_types_and_file_order(tmp_path, monkeypatch):
+    from mjoin.engine import normalize as N
+
+    paths, schema = _typed_files(tmp_path)
+    fs, rel = N.fsutil.resolve(paths[0])[0], [N.fsutil.resolve(p)[1] for p in paths]
+    assert N._duckdb_can_read(fs, rel, schema)
+    order = [paths[3], paths[0], paths[2], paths[4], paths[1]]  # file order is the caller's, not the names'
+    duck, duck_owner = N._read_many(order, schema)
+    monkeypatch.setenv("MJOIN_DUCKDB_READ", "0")
+    assert not N._duckdb_can_read(fs, rel, schema)
+    arrow, arrow_owner = N._read_many(order, schema)
+    assert duck.num_rows > 50 and duck.schema == arrow.schema == schema
+    assert duck.equals(arrow)
+    np.testing.assert_array_equal(duck_owner, arrow_owner)
+    assert list(dict.fromkeys(duck_owner.tolist())) == [0, 1, 3, 4]  # the empty file (index 2) has no rows
+
+
+def test_the_reader_falls_back_to_pyarrow_where_duckdb_would_differ(tmp_path):
+    from mjoin.engine import normalize as N
+
+    ns = pa.schema([("k", pa.int64()), ("t", pa.timestamp("ns"))])
+    named = pa.schema([("k", pa.int64()), ("file_index", pa.int64())])
+    for i, schema in enumerate((ns, named)):
+        p = tmp_path / f"f{i}[1].parquet"
+        pq.write_table(pa.table({"k": [1, 2], schema.names[1]: pa.array([5, 6]).cast(schema.field(1).type)}), p)
+        fs, rel = N.fsutil.resolve(str(p))
+        assert not N._duckdb_can_read(fs, [rel], schema)
+        t, owner = N._read_many([str(p)], schema)
+        assert t.schema == schema and t.column(1).cast(pa.int64()).to_pylist() == [5, 6] and owner.tolist() == [0, 0]
+    q = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"k": [1]}), q)
+    fs, rel = N.fsutil.resolve(str(q))
+    assert N._duckdb_can_read(fs, [rel], pa.schema([("k", pa.int64())]))
+    assert not N._duckdb_can_read(fs, [rel.replace("plain", "pl*in")], pa.schema([("k", pa.int64())]))
