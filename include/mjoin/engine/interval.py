@@ -304,9 +304,37 @@ def route_interval_local(runner: BatchRunner, data: IntervalInput) -> pa.Table:
     key = t.column(key_name(eq.classes[0]))
     for ci, cl in enumerate(eq.classes[1:], 1):
         key = pc.if_else(pc.equal(c, ci), t.column(key_name(cl)), key)
-    order = pc.sort_indices(t.append_column("_sort_key", key),
-                            sort_keys=[(c, "ascending", "at_start") for c in ("_batch", "_c", "_b", "_s", "_sort_key")])
-    return t.take(order)
+    return t.take(sort_order([t.column(n) for n in ("_batch", "_c", "_b", "_s")] + [key]))
+
+
+def sort_order(columns: list) -> pa.Array:
+    """The stable ascending order of rows by the integer ``columns`` (NULLs first), as Arrow's sort on them
+    gives it: where each column's range (and one code for NULL) fits, all packed into one int64 code and
+    sorted once (numpy's stable sort: ~2x faster than Arrow's five-key sort on the interval's ~700 k rows);
+    else Arrow's sort on the columns."""
+    import pyarrow.compute as pc
+
+    n = len(columns[0]) if columns else 0
+    codes, bits = [], 0
+    for col in columns:
+        lo, hi = pc.min_max(col).values()
+        lo, hi = (0, 0) if lo.as_py() is None else (lo.as_py(), hi.as_py())
+        width = (hi - lo + 2).bit_length()  # codes 1 .. hi - lo + 1, and 0 for NULL
+        bits += width
+        if bits > 63:
+            break
+        codes.append((col, lo, width))
+    if bits > 63 or not n:
+        table = pa.table({str(i): col for i, col in enumerate(columns)}) if columns else None
+        return (pc.sort_indices(table, sort_keys=[(str(i), "ascending", "at_start") for i in range(len(columns))])
+                if table is not None else pa.array([], pa.uint64()))
+    packed = np.zeros(n, np.int64)
+    for col, lo, width in codes:
+        v = pc.fill_null(col, lo).to_numpy().astype(np.int64) - np.int64(lo) + 1
+        if col.null_count:
+            v[~np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)] = 0
+        packed = (packed << np.int64(width)) | v
+    return pa.array(np.argsort(packed, kind="stable"))
 
 
 def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
