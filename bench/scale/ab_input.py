@@ -8,8 +8,9 @@ alternating processes (A B B A ...) on the same landed data, so that both see th
 have them in every file, so on the benchmark's lake every file can reject a row); both trees read the same files.
 
 ``--base``: a checkout (``include/``, ``bench/``, ``tests/engine_helpers.py``) of the commit to compare
-against, e.g. ``git archive <commit> include bench tests/engine_helpers.py | tar -x -C <tree>``; the
-other tree is this one. Each process starts its own Spark session (``local[2]``, as ``bench_scale.py``),
+against, e.g. ``git archive <commit> include bench tests/engine_helpers.py | tar -x -C <tree>`` (or the
+base's ``include/`` with this tree's ``bench/``: the same harness on both); the other tree is this one.
+``--path``: the engine's path (``bench_scale.engine_config``: ``spark``, the default, or ``default``). Each process starts its own Spark session (``local[2]``, as ``bench_scale.py``),
 runs one warm-up, then ``--rounds`` rounds of ``bench_scale.run_mjoin`` per density (wall, the phases,
 the fingerprint of the results). The blocks alternate ``--blocks`` times (ABBA order). Writes
 ``results/input-ab-sf<sf>.json``: per tree and density the medians and spread of the wall time and of
@@ -70,7 +71,8 @@ def driver_rounds(spark, B, landed, span, out, rounds: int, density: str) -> Non
     ClientServerConnection.send_command = send
 
 
-def worker(root: str, sf: float, rounds: int, work: str, densities: list, driver_only: bool = False) -> None:
+def worker(root: str, sf: float, rounds: int, work: str, densities: list, driver_only: bool = False,
+           path: str = "spark") -> None:
     """Run in a child process: ``rounds`` engine runs per density with the code of ``root``; JSON lines out."""
     sys.path.insert(0, str(Path(root) / "bench" / "scale"))
     import bench_scale as B  # puts <root>/include and <root>/tests first on sys.path
@@ -88,11 +90,11 @@ def worker(root: str, sf: float, rounds: int, work: str, densities: list, driver
             driver_rounds(spark, B, landed, span, out, rounds, density)
             continue
         if not warm:
-            B.run_mjoin(spark, landed, out, span)
+            B.run_mjoin(spark, landed, out, span, B.engine_config(path))
             warm = True
         for _ in range(rounds):
             load = os.getloadavg()[0]
-            res = B.run_mjoin(spark, landed, out, span)
+            res = B.run_mjoin(spark, landed, out, span, B.engine_config(path))
             print(json.dumps({"density": density, "wall_seconds": res["wall_seconds"], "phases": res["phases"],
                               "input_share": res["input_share"], "result_rows": res["result_rows"],
                               "fingerprint": res["fingerprint"], "load": load,
@@ -122,12 +124,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-null-keys", action="store_true",
                     help="first drop the rows with a NULL join key from the landed files (bench_scale.drop_null_keys): "
                          "a lake where no row can be rejected")
+    ap.add_argument("--path", choices=("spark", "default", "driver"), default="spark",
+                    help="the engine's path (bench_scale.engine_config; default: the Spark path)")
     ap.add_argument("--tag", default="", help="added to the result file's name (input-ab[-driver]-<tag>-sf<sf>.json)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     work = args.work or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-ab-{os.getpid()}")
     if args.worker:
-        worker(args.worker, args.sf, args.rounds, work, args.densities, args.driver_only)
+        worker(args.worker, args.sf, args.rounds, work, args.densities, args.driver_only, args.path)
         return 0
     if not args.base:
         ap.error("--base is required")
@@ -152,7 +156,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         # the Spark Python workers (the operator) import mjoin from the same tree as the driver
         rows = run_worker(__file__, [trees[tree], "--sf", args.sf, "--rounds", args.rounds, "--work", work,
-                                     "--densities", *args.densities] + (["--driver-only"] if args.driver_only else []),
+                                     "--path", args.path, "--densities", *args.densities]
+                          + (["--driver-only"] if args.driver_only else []),
                           trees[tree], label=tree)
         for r in rows:
             r["process"] = i
@@ -169,7 +174,7 @@ def main(argv=None) -> int:
         for t, runs in doc["runs"].items():
             for d in args.densities:
                 doc["summary"][t][d]["py4j_calls"] = statistics.median(r["py4j_calls"] for r in runs if r["density"] == d)
-    doc["parameters"] = {"rounds_per_process": args.rounds, "tag": args.tag, "blocks": args.blocks, "densities": args.densities,
+    doc["parameters"] = {"rounds_per_process": args.rounds, "path": args.path, "tag": args.tag, "blocks": args.blocks, "densities": args.densities,
                          "driver_only": args.driver_only, "no_null_keys": args.no_null_keys,
                          "null_key_rows_dropped": dropped,
                          "local": "local[2]", "buckets": 16, "cycle_seconds": B.CYCLE}
