@@ -571,77 +571,14 @@ def raw_json_array(table: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(pa.scalar("{"), pc.utf8_slice_codeunits(joined, 1), pa.scalar("}"), "")
 
 
-def duckdb_read_enabled() -> bool:
-    """Whether local files are read with DuckDB where it can (:func:`_duckdb_can_read`; ``MJOIN_DUCKDB_READ=0``:
-    never, pyarrow's dataset scan as before)."""
-    return os.environ.get("MJOIN_DUCKDB_READ", "1").strip() != "0"
-
-
-#: the Arrow types DuckDB reads back exactly as pyarrow does (then cast to the group's schema, a no-op or a
-#: change of time-zone name only): not nanosecond timestamps (Parquet INT96 becomes microseconds in DuckDB),
-#: nested, dictionary, half-float, time or interval columns
-def _duckdb_type(t: pa.DataType) -> bool:
-    if pa.types.is_timestamp(t):
-        return t.unit != "ns"
-    return (pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t) or pa.types.is_boolean(t)
-            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_date32(t)
-            or pa.types.is_decimal128(t))
-
-
-#: DuckDB's virtual columns of read_parquet (a file's own column of that name would hide them) and the glob
-#: characters it expands in a path
-_DUCKDB_VIRTUAL = {"file_index", "file_row_number", "filename"}
-_GLOB = re.compile(r"[*?\[\]{}]")
-
-
-def _duckdb_can_read(fs, rel: list, schema: pa.Schema) -> bool:
-    """Local files whose paths DuckDB takes literally, columns of :func:`_duckdb_type`, none named like its
-    virtual columns, and ``MJOIN_DUCKDB_READ`` not 0."""
-    from pyarrow import fs as pafs
-
-    return (duckdb_read_enabled() and isinstance(fs, pafs.LocalFileSystem)
-            and not any(_GLOB.search(p) for p in rel) and not _DUCKDB_VIRTUAL & set(schema.names)
-            and all(_duckdb_type(f.type) for f in schema))
-
-
-def _read_many_duckdb(rel: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray]:
-    """:func:`_read_many` by DuckDB's Parquet reader: one ``read_parquet`` over the list, its threads decode the
-    files in parallel (720 files of ~840 rows: 0.13-0.15 s against 1.6-1.8 s for pyarrow's dataset scan, whose
-    per-file cost dominates small files; bench/scale/results/read-*.json), rows in file order and each file's
-    rows in order (DuckDB preserves insertion order; checked by ``file_index``/``file_row_number``, sorted if
-    not), cast to ``schema``. Written by hand only in the sense of the SQL: DuckDB is the reader."""
-    import duckdb
-
-    cols = ", ".join('"' + c.replace('"', '""') + '"' for c in schema.names)
-    con = duckdb.connect(config={"preserve_insertion_order": True})
-    try:
-        con.execute("SET TimeZone = 'UTC'")
-        t = con.execute(f"SELECT {cols}, file_index, file_row_number FROM read_parquet(?)", [rel]).arrow()
-        t = t.read_all() if isinstance(t, pa.RecordBatchReader) else t
-    except duckdb.Error as exc:  # a file that does not read: the caller reads the files one by one
-        raise OSError(f"DuckDB: {exc}") from exc
-    finally:
-        con.close()
-    owner = t.column("file_index").to_numpy().astype(np.int32)
-    row = t.column("file_row_number").to_numpy()
-    if len(owner) > 1 and not ((np.diff(owner) >= 0).all() and ((np.diff(row) > 0) | (np.diff(owner) > 0)).all()):
-        order = np.lexsort((row, owner))
-        t, owner = t.take(pa.array(order)), owner[order]
-    table = t.select(list(range(len(schema)))).rename_columns(schema.names).cast(schema).combine_chunks()
-    return table, owner
-
-
 def _read_many(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray]:
     """``(rows, index into paths of each row's file)`` of the Parquet files ``paths`` (one filesystem) read as
-    ``schema`` (their declared columns) in one multi-threaded scan: DuckDB's (:func:`_read_many_duckdb`) where
-    it can (:func:`_duckdb_can_read`), else pyarrow.dataset's (the files are read and decoded in parallel by
-    Arrow's thread pools, no Python per file; each batch is tagged with its file)."""
+    ``schema`` (their declared columns) in one multi-threaded scan (pyarrow.dataset: the files are read and
+    decoded in parallel by Arrow's thread pools, no Python per file); each batch is tagged with its file."""
     import pyarrow.dataset as ds
 
     fs = fsutil.resolve(paths[0])[0]
     rel = [fsutil.resolve(p)[1] for p in paths]
-    if _duckdb_can_read(fs, rel, schema):
-        return _read_many_duckdb(rel, schema)
     index = {p: i for i, p in enumerate(rel)}
     dataset = ds.FileSystemDataset.from_paths(rel, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
     batches, owner = [], []
