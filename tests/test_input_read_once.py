@@ -125,3 +125,25 @@ def test_footer_facts_are_remembered_until_the_file_changes(tmp_path):
     assert all(contract.inspect_all([(str(junk), stream, None)])[0].read_error for _ in range(2))
     assert contract.FOOTERS.misses == 7
     contract.FOOTERS.clear()
+
+
+def test_a_group_reads_each_files_declared_columns_whatever_their_order_or_nullability(tmp_path):
+    """``read_group`` reads each file on its own: a file with its columns in another order, an extra column or a
+    NOT NULL field gives its rows as the group's schema, in the order of the paths, with each row's file."""
+    from mjoin.engine.normalize import read_group
+
+    schema = pa.schema([("ts", pa.timestamp("us")), ("k", pa.int64()), ("s", pa.string())])
+    plain = pa.table({"ts": pa.array([1, 2], pa.timestamp("us")), "k": [1, 2], "s": ["a", None]})
+    other = pa.table({"s": ["x", "y", "z"], "extra": [0.5, 1.5, 2.5], "k": [7, 8, 9],
+                      "ts": pa.array([3, 4, 5], pa.timestamp("us"))})
+    strict = pa.table([pa.array([6], pa.timestamp("us")), pa.array([5]), pa.array(["q"])],
+                      schema=pa.schema([pa.field(f.name, f.type, nullable=False) for f in schema]))
+    paths = []
+    for i, t in enumerate((other, plain, strict, plain.slice(0, 0))):
+        paths.append(str(tmp_path / f"{i}.parquet"))
+        pq.write_table(t, paths[-1])
+    table, owner, failed = read_group(paths, schema)
+    assert failed == [] and table.schema == schema
+    assert table.column("k").to_pylist() == [7, 8, 9, 1, 2, 5]
+    assert table.column("s").to_pylist() == ["x", "y", "z", "a", None, "q"]
+    assert owner.tolist() == [0, 0, 0, 1, 1, 2]

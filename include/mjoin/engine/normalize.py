@@ -6,8 +6,8 @@ earlier file) are checked on the driver from the Parquet footer; a file that bre
 quarantined whole with the rule's name and a reason (``unreadable``, ``missing_key``,
 ``schema_mismatch``, ``no_event_time``, ``duplicate_file``). The accepted files are read in groups of
 identical schema (so one odd file can neither fail nor silently re-type the others): on the driver
-(:func:`normalize_local`) or in Spark's tasks (:func:`scan_streams`) by one pyarrow scan per group or
-chunk of a group and the rules in Arrow (:func:`normalize_arrow`, one copy for both), or by Spark's
+(:func:`normalize_local`) or in Spark's tasks (:func:`scan_streams`) by :func:`read_group` (each file of a group
+or chunk of a group on a thread pool) and the rules in Arrow (:func:`normalize_arrow`, one copy for both), or by Spark's
 file source and one SQL projection per group (:func:`normalize_group`: event times Spark parses,
 string patterns or expressions); every row is normalised:
 
@@ -347,7 +347,7 @@ def scan_ddl(eq: EngineQuery, streams, rejects: bool) -> list:
 
 def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Schema, late_before, reports,
                token: str):
-    """The function ``mapInArrow`` runs over the chunk ids: each chunk's files read in one scan
+    """The function ``mapInArrow`` runs over the chunk ids: each chunk's files read
     (:func:`read_group`) and normalised (:func:`normalize_arrow`), as ``schema``; a file that does not read is
     reported to the driver (``reports``, an accumulator of (``token``, stream, path, detail)) and yields no row."""
 
@@ -397,7 +397,7 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     (each chunk a contiguous run of one group's files, of about equal rows by the footers: :func:`scan_chunks`;
     ``tasks`` of them, by default :data:`SCAN_TASKS_PER_CORE` per slot of the default parallelism, more if a
     task would read more than :data:`SCAN_TASK_ROWS` rows), and
-    ``mapInArrow`` reading each chunk in one pyarrow scan and normalising it with the same code as the driver
+    ``mapInArrow`` reading each chunk's files (:func:`read_group`) and normalising it with the same code as the driver
     path (:func:`read_group`, :func:`normalize_arrow`). No file index, no per-file task work in Spark, one
     projection to analyse. The rows and columns are :func:`normalize_group`'s union (:func:`scan_ddl`); the
     reject columns only where a file can reject a row (:meth:`Inspected.can_reject`), as there.
@@ -571,50 +571,48 @@ def raw_json_array(table: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(pa.scalar("{"), pc.utf8_slice_codeunits(joined, 1), pa.scalar("}"), "")
 
 
-def _read_many(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray]:
-    """``(rows, index into paths of each row's file)`` of the Parquet files ``paths`` (one filesystem) read as
-    ``schema`` (their declared columns) in one multi-threaded scan (pyarrow.dataset: the files are read and
-    decoded in parallel by Arrow's thread pools, no Python per file); each batch is tagged with its file."""
-    import pyarrow.dataset as ds
+#: threads that read a group's files (a file's decoding runs in Arrow without the GIL, opening it and its footer
+#: in Python): on 2 cores 4 threads read sf 1's 720 small files in 0.30 s and 120 larger ones in 0.07 s, against
+#: 0.43 s and 0.14 s for one pyarrow.dataset scan of the group (bench/scale/results/read-*.json)
+READ_THREADS = 4
 
-    fs = fsutil.resolve(paths[0])[0]
-    rel = [fsutil.resolve(p)[1] for p in paths]
-    index = {p: i for i, p in enumerate(rel)}
-    dataset = ds.FileSystemDataset.from_paths(rel, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
-    batches, owner = [], []
-    for tagged in dataset.scanner(columns=schema.names, use_threads=True).scan_batches():
-        rb = tagged.record_batch
-        if rb.num_rows:
-            batches.append(rb)
-            owner.append(np.full(rb.num_rows, index[tagged.fragment.path], np.int32))
-    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()  # (one chunk per file otherwise)
-    return table, (np.concatenate(owner) if owner else np.zeros(0, np.int32))
+
+def _read_file(path: str, schema: pa.Schema) -> pa.Table:
+    """One file's columns ``schema.names``, as ``schema`` (the group's declared columns; a file may order its
+    columns otherwise, have others, or declare a column NOT NULL that another file of the group does not)."""
+    import pyarrow.parquet as pq
+
+    fs, p = fsutil.resolve(path)
+    with fs.open_input_file(p) as fh:
+        t = pq.ParquetFile(fh).read(columns=schema.names, use_threads=False)
+    return t.select(schema.names).cast(schema)
 
 
 def read_group(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray, list]:
     """``(rows, file index of each row, [(path, error)] of the files that could not be read)``: the files of one
-    group in one scan (:func:`_read_many`); if that fails (a file whose footer passed the contract but whose data
-    does not read, or gone since), each file on its own, so that only the failing ones are left out (and
-    quarantined by the caller), never the whole read."""
+    group (one accepted stream's files of one schema) read as ``schema``, each on its own on a pool of
+    :data:`READ_THREADS` threads, in the order given; a file whose data does not read (its footer passed the
+    contract) or that is gone since is left out (and quarantined by the caller), never the whole read."""
     if not paths:
         return schema.empty_table(), np.zeros(0, np.int32), []
-    same_fs = len({type(fsutil.resolve(p)[0]).__name__ for p in paths}) == 1
-    if same_fs:
+
+    def one(path):
         try:
-            table, owner = _read_many(paths, schema)
-            return table, owner, []
+            return _read_file(path, schema), None
         except (OSError, pa.ArrowException) as exc:
-            log.warning("reading %d files at once failed (%s): reading them one by one", len(paths), exc)
+            return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
+
+    from ..pools import shared_pool
+
+    read = list(shared_pool("read", READ_THREADS).map(one, paths)) if len(paths) > 1 else [one(paths[0])]
     tables, owners, failed = [], [], []
-    for i, p in enumerate(paths):
-        try:
-            t, _ = _read_many([p], schema)
-        except (OSError, pa.ArrowException) as exc:
-            failed.append((p, f"not a readable Parquet file ({type(exc).__name__}: {exc})"))
-            continue
-        tables.append(t)
-        owners.append(np.full(t.num_rows, i, np.int32))
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    for i, (path, (t, error)) in enumerate(zip(paths, read)):
+        if error is not None:
+            failed.append((path, error))
+        elif t.num_rows:
+            tables.append(t)
+            owners.append(np.full(t.num_rows, i, np.int32))
+    table = pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
     return table, (np.concatenate(owners) if owners else np.zeros(0, np.int32)), failed
 
 
@@ -721,7 +719,7 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     in the engine's input layout (:func:`mjoin.engine.frame.input_ddl`: payload in its stream's slots), with
     ``_reason``, ``_file``, ``_raw``. Only for streams :func:`local_supported` accepts.
 
-    Each group of same-schema files is read in one multi-threaded scan (:func:`read_group`) and normalised as
+    Each group of same-schema files is read (:func:`read_group`: file by file on a thread pool) and normalised as
     one table (:func:`normalize_arrow`: the per-file rules, the event time's conversion by the group's type,
     ``_file`` from each row's file); a file whose data does not read is quarantined whole (``unreadable``:
     :meth:`Inspected.unreadable`) and the others are read."""
