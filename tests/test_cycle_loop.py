@@ -132,7 +132,7 @@ def test_loop_step_deploys_what_gating_every_order_and_strategy_deploys(seed_que
 
 
 @pytest.mark.parametrize("bound", [True, False])
-def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_query, bound):
+def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_query, bound, holt_global_fit):
     """The first stream's rate steps up x50..x200 in cycles 12-15 (it turns hot): Holt's trend overshoots the new
     level. With the forecast bound (the default) that series gets its last value, the forecast gate passes and
     dppick re-plans; without it the gate fails and dppick is skipped (keeps its plan), as before the bound."""

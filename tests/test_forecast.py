@@ -315,7 +315,7 @@ def step_history(query, n=40):
     noise = np.random.default_rng(5).poisson(3, n).astype(float)
     hist = history_of(query, n, lam=lambda j: noise[j], gamma=lambda j: 0.2, kappa=lambda j: 20.0)
     up = dict(zip(range(n - len(STEP), n), STEP))  # (the noise differs from step_series': checked below)
-    down = dict(zip(range(n - 3, n), [40.0, 10.0, 3.0]))
+    down = dict(zip(range(n - 3, n), [50.0, 30.0, 20.0]))
     for s, steps in (("cu", up), ("sr", up), ("wr", down)):
         for j, v in steps.items():
             at = (hist.entity == "stream") & (hist.stream == s) & (hist.cycle_start == T0 + pd.Timedelta(seconds=TAU * j))
@@ -327,7 +327,7 @@ def step_history(query, n=40):
     return hist
 
 
-def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(seed_query):
+def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(seed_query, holt_global_fit):
     from mjoin.gates import GateConfig, check_forecast
 
     h = step_history(seed_query)
@@ -359,7 +359,7 @@ def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(see
     assert check_forecast(seed_query, kept_loose.statistics, h).failed_expectations == ["forecast.near_recent_history"]
 
 
-def test_the_forecast_command_bounds_by_default_and_says_so(seed_query, tmp_path, capsys):
+def test_the_forecast_command_bounds_by_default_and_says_so(seed_query, tmp_path, capsys, holt_global_fit):
     from mjoin.cli import main
     from mjoin.stats.history import write_cycle
 

@@ -603,7 +603,7 @@ def test_continuous_check_input_reports_what_the_job_quarantined_since_the_last_
 # ---- the forecast step: Holt kept within the forecast gate's range -------------------------------
 
 @pytest.mark.parametrize("bound", [True, False])
-def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, seed_query, bound):
+def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, seed_query, bound, holt_global_fit):
     """A history whose cu and sr rates step up in the last cycles (tests/test_forecast.py): the DAG's forecast step
     replaces their overshooting Holt values by the last value, says how many in its result and the forecast's
     report, and the forecast gate step passes; with ``forecast_bound`` off the gate fails as before."""
