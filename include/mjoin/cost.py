@@ -30,6 +30,31 @@ looked up through its first edge (``Query.edge(l, r)``); the statistics hold one
 The expected cost per second of an order set is ``sum_s lambda_s * C_s`` (per key group;
 summed over groups). Pure Python + numpy: no Spark, no Airflow.
 
+Ties after an empty step (what :data:`GAMMA_FLOOR` is for): in Eq. 8 the tail ``C(o_{k+1})``
+enters only through the product ``g_k phi_k rho_k``. When a step's ``g_k`` is 0 (a forecast that
+says the partial result finds nothing in ``r_k``: an empty window, or an edge never matched; the
+statistics also give ``gamma = 0`` to an edge with no lookups in the cycle) or its residual ``phi_k``
+is 0, ``C(o_k) = alpha_q f(kappa[r_k])`` whatever follows, so every order of the remaining streams
+has the same cost and an optimizer's own tie-break (dpPick: the first sequence its DFS finds; the
+subset DP: the tail that is optimal from the larger partial result) picks the tail. The engine pays
+that tail whenever the step is not quite empty. The optimizers (dppick, exact, so the oracle too)
+therefore *search* with ``g`` floored at ``eps = GAMMA_FLOOR`` on every edge
+(:meth:`JoinProblem.with_gamma_floor`), i.e. they minimise ``C_eps(o_1)`` of Eq. 8 with
+``g_k -> max(g_k, eps)``, and report (and the plans carry) the unfloored cost ``C(o_1)``:
+
+- ``C_eps = C`` when every ``gamma >= eps``: the same problem, so the same plans, bit for bit.
+- A tie of ``C`` after an empty step ``k`` is broken by ``C_eps(o_1) = C(o_1) + eps P_k (alpha_m
+  u_k + phi_k rho_k C(o_{k+1})) + O(eps^2)`` (``P_k``: the product of ``g phi rho`` of the steps
+  before ``k``): among equal-cost orders the one whose tail would cost least if step ``k`` were
+  not quite empty wins, for dpPick and the subset DP alike (one objective, one optimum).
+- Nothing else moves by more than the perturbation: ``C(chosen) <= C_eps(chosen) <= C_eps(opt)``,
+  and ``C_eps(opt) - C(opt)`` is ``eps`` times the tails that follow steps with ``gamma < eps``,
+  so the floor can trade model cost only between orders within about ``eps`` (relative) of each
+  other. ``eps = 1e-6`` is one match in a million lookups (a measured ``gamma = m / q`` below it
+  needs more than a million lookups of the edge in one cycle) and far above the rounding of the
+  cost (about 1e-16 relative), so the ``eps`` term decides ties and ``eps^2`` (a second empty
+  step inside the tail) still does.
+
 Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup
 searches the engine's whole window state of the stream, which is kept by key bucket and
 not by group (a rule change touches no state), so ``f(kappa)`` is taken at the stream's
@@ -48,6 +73,10 @@ from typing import Sequence
 import numpy as np
 
 STATES = ("sorted", "hash")
+
+#: the floor on ``gamma`` while dppick and exact search (see the module docstring, "Ties after an empty
+#: step"): breaks the ties of Eq. 8 after a step forecast empty by the cost of the tail; 0 = no floor
+GAMMA_FLOOR = 1e-6
 MODEL_KIND = "mjoin.cost_model"
 MODEL_VERSION = 1
 
@@ -264,6 +293,18 @@ class JoinProblem:
         g = GroupStats(streams={s: StreamStats(lam=0.0, kappa=0.0, window_tuples=0.0) for s in query.stream_names},
                        edges={e: EdgeStats(gamma=0.0, mu=0.0) for e in query.directed_edges})
         return cls.from_statistics(query, Statistics(query=query.name, groups={0: g}))
+
+    def with_gamma_floor(self, floor: float = GAMMA_FLOOR) -> "JoinProblem":
+        """The same problem with ``gamma`` raised to ``floor`` on every edge (``self`` itself when no
+        edge's gamma is below it): what dppick and exact search on, so that a tie of Eq. 8 after an
+        empty step goes to the cheapest tail (module docstring, "Ties after an empty step")."""
+        floor = float(floor)
+        if not floor > 0.0:
+            return self
+        edge = self.cls >= 0
+        if not np.any(edge & (self.gamma < floor)):
+            return self
+        return replace(self, gamma=np.where(edge, np.maximum(self.gamma, floor), self.gamma))
 
     # ---- the step of the model ------------------------------------------------------
     def step_classes(self, joined_mask: int, r: int) -> list[int]:
