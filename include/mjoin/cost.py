@@ -38,22 +38,24 @@ is 0, ``C(o_k) = alpha_q f(kappa[r_k])`` whatever follows, so every order of the
 has the same cost and an optimizer's own tie-break (dpPick: the first sequence its DFS finds; the
 subset DP: the tail that is optimal from the larger partial result) picks the tail. The engine pays
 that tail whenever the step is not quite empty. The optimizers (dppick, exact, so the oracle too)
-therefore *search* with ``g`` floored at ``eps = GAMMA_FLOOR`` on every edge
-(:meth:`JoinProblem.with_gamma_floor`), i.e. they minimise ``C_eps(o_1)`` of Eq. 8 with
-``g_k -> max(g_k, eps)``, and report (and the plans carry) the unfloored cost ``C(o_1)``:
+therefore break such ties lexicographically, by ``(C(o_1), C_eps(o_1))``: ``C_eps`` is Eq. 8 with
+``g_k -> max(g_k, eps)`` on every edge, ``eps = GAMMA_FLOOR`` (:meth:`JoinProblem.with_gamma_floor`),
+and :func:`search_with_gamma_floor` runs the search on the floored problem and keeps its order
+where the order's own ``C`` equals the unfloored optimum (to 1e-12 relative), else the unfloored
+search's order. Plans carry ``C``, never ``C_eps``.
 
-- ``C_eps = C`` when every ``gamma >= eps``: the same problem, so the same plans, bit for bit.
 - A tie of ``C`` after an empty step ``k`` is broken by ``C_eps(o_1) = C(o_1) + eps P_k (alpha_m
   u_k + phi_k rho_k C(o_{k+1})) + O(eps^2)`` (``P_k``: the product of ``g phi rho`` of the steps
   before ``k``): among equal-cost orders the one whose tail would cost least if step ``k`` were
-  not quite empty wins, for dpPick and the subset DP alike (one objective, one optimum).
-- Nothing else moves by more than the perturbation: ``C(chosen) <= C_eps(chosen) <= C_eps(opt)``,
-  and ``C_eps(opt) - C(opt)`` is ``eps`` times the tails that follow steps with ``gamma < eps``,
-  so the floor can trade model cost only between orders within about ``eps`` (relative) of each
-  other. ``eps = 1e-6`` is one match in a million lookups (a measured ``gamma = m / q`` below it
-  needs more than a million lookups of the edge in one cycle) and far above the rounding of the
-  cost (about 1e-16 relative), so the ``eps`` term decides ties and ``eps^2`` (a second empty
-  step inside the tail) still does.
+  not quite empty wins, for dpPick and the subset DP alike (one objective, one optimum; what
+  still ties exactly, dppick breaks as the DP does).
+- No plan changes where there is no tie: when every ``gamma >= eps`` the floored problem is the
+  problem itself (one search, the same plans bit for bit); otherwise the floored search's order
+  is kept only if it costs the unfloored optimum, so a ``gamma`` below ``eps`` but above 0 can
+  never trade model cost for the tie-break.
+- ``eps = 1e-6``: one match in a million lookups, far above the rounding of the cost (about 1e-16
+  relative), so the ``eps`` term decides ties and ``eps^2`` (a second empty step inside the
+  tail) still does.
 
 Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup
 searches the engine's whole window state of the stream, which is kept by key bucket and
@@ -360,6 +362,24 @@ def order_cost(problem: JoinProblem, model: CostModel, start: int, pairs: Sequen
         cost = q + g * (model.alpha_m * u + phi * rho * cost)
         next_class = c
     return cost
+
+
+def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floor: float = GAMMA_FLOOR) -> dict:
+    """``{start: (pairs, C)}``: the orders of ``search(problem) -> {start: (pairs, cost)}`` with ties of Eq. 8 broken
+    by the cost with ``gamma`` floored at ``floor`` (module docstring, "Ties after an empty step"): the floored
+    search's order where its unfloored cost ``C`` is the unfloored optimum (1e-12 relative), else the unfloored
+    search's. One search when no gamma is below ``floor`` (or ``floor`` is 0); ``C`` is :func:`order_cost`'s."""
+    floored = problem.with_gamma_floor(floor)
+    if floored is problem:
+        return search(problem)
+    plain = search(problem)
+    out = {}
+    for s, (pairs, _) in search(floored).items():
+        cost = order_cost(problem, model, s, pairs)
+        base_pairs = plain[s][0]
+        base = order_cost(problem, model, s, base_pairs)
+        out[s] = (pairs, cost) if cost <= base + 1e-12 * abs(base) else (base_pairs, base)
+    return out
 
 
 def pairs_to_index(problem: JoinProblem, pairs) -> list[tuple[int, int]]:
