@@ -30,6 +30,33 @@ looked up through its first edge (``Query.edge(l, r)``); the statistics hold one
 The expected cost per second of an order set is ``sum_s lambda_s * C_s`` (per key group;
 summed over groups). Pure Python + numpy: no Spark, no Airflow.
 
+Ties after an empty step (what :data:`GAMMA_FLOOR` is for): in Eq. 8 the tail ``C(o_{k+1})``
+enters only through the product ``g_k phi_k rho_k``. When a step's ``g_k`` is 0 (a forecast that
+says the partial result finds nothing in ``r_k``: an empty window, or an edge never matched; the
+statistics also give ``gamma = 0`` to an edge with no lookups in the cycle) or its residual ``phi_k``
+is 0, ``C(o_k) = alpha_q f(kappa[r_k])`` whatever follows, so every order of the remaining streams
+has the same cost and an optimizer's own tie-break (dpPick: the first sequence its DFS finds; the
+subset DP: the tail that is optimal from the larger partial result) picks the tail. The engine pays
+that tail whenever the step is not quite empty. The optimizers (dppick, exact, so the oracle too)
+therefore break such ties lexicographically, by ``(C(o_1), C_eps(o_1))``: ``C_eps`` is Eq. 8 with
+``g_k -> max(g_k, eps)`` on every edge, ``eps = GAMMA_FLOOR`` (:meth:`JoinProblem.with_gamma_floor`),
+and :func:`search_with_gamma_floor` runs the search on the floored problem and keeps its order
+where the order's own ``C`` equals the unfloored optimum (to 1e-12 relative), else the unfloored
+search's order. Plans carry ``C``, never ``C_eps``.
+
+- A tie of ``C`` after an empty step ``k`` is broken by ``C_eps(o_1) = C(o_1) + eps P_k (alpha_m
+  u_k + phi_k rho_k C(o_{k+1})) + O(eps^2)`` (``P_k``: the product of ``g phi rho`` of the steps
+  before ``k``): among equal-cost orders the one whose tail would cost least if step ``k`` were
+  not quite empty wins, for dpPick and the subset DP alike (one objective, one optimum; what
+  still ties exactly, dppick breaks as the DP does).
+- No plan changes where there is no tie: when every ``gamma >= eps`` the floored problem is the
+  problem itself (one search, the same plans bit for bit); otherwise the floored search's order
+  is kept only if it costs the unfloored optimum, so a ``gamma`` below ``eps`` but above 0 can
+  never trade model cost for the tie-break.
+- ``eps = 1e-6``: one match in a million lookups, far above the rounding of the cost (about 1e-16
+  relative), so the ``eps`` term decides ties and ``eps^2`` (a second empty step inside the
+  tail) still does.
+
 Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup
 searches the engine's whole window state of the stream, which is kept by key bucket and
 not by group (a rule change touches no state), so ``f(kappa)`` is taken at the stream's
@@ -48,6 +75,10 @@ from typing import Sequence
 import numpy as np
 
 STATES = ("sorted", "hash")
+
+#: the floor on ``gamma`` while dppick and exact search (see the module docstring, "Ties after an empty
+#: step"): breaks the ties of Eq. 8 after a step forecast empty by the cost of the tail; 0 = no floor
+GAMMA_FLOOR = 1e-6
 MODEL_KIND = "mjoin.cost_model"
 MODEL_VERSION = 1
 
@@ -265,6 +296,18 @@ class JoinProblem:
                        edges={e: EdgeStats(gamma=0.0, mu=0.0) for e in query.directed_edges})
         return cls.from_statistics(query, Statistics(query=query.name, groups={0: g}))
 
+    def with_gamma_floor(self, floor: float = GAMMA_FLOOR) -> "JoinProblem":
+        """The same problem with ``gamma`` raised to ``floor`` on every edge (``self`` itself when no
+        edge's gamma is below it): what dppick and exact search on, so that a tie of Eq. 8 after an
+        empty step goes to the cheapest tail (module docstring, "Ties after an empty step")."""
+        floor = float(floor)
+        if not floor > 0.0:
+            return self
+        edge = self.cls >= 0
+        if not np.any(edge & (self.gamma < floor)):
+            return self
+        return replace(self, gamma=np.where(edge, np.maximum(self.gamma, floor), self.gamma))
+
     # ---- the step of the model ------------------------------------------------------
     def step_classes(self, joined_mask: int, r: int) -> list[int]:
         """Attribute classes through which ``r`` can be looked up from the partial result."""
@@ -319,6 +362,24 @@ def order_cost(problem: JoinProblem, model: CostModel, start: int, pairs: Sequen
         cost = q + g * (model.alpha_m * u + phi * rho * cost)
         next_class = c
     return cost
+
+
+def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floor: float = GAMMA_FLOOR) -> dict:
+    """``{start: (pairs, C)}``: the orders of ``search(problem) -> {start: (pairs, cost)}`` with ties of Eq. 8 broken
+    by the cost with ``gamma`` floored at ``floor`` (module docstring, "Ties after an empty step"): the floored
+    search's order where its unfloored cost ``C`` is the unfloored optimum (1e-12 relative), else the unfloored
+    search's. One search when no gamma is below ``floor`` (or ``floor`` is 0); ``C`` is :func:`order_cost`'s."""
+    floored = problem.with_gamma_floor(floor)
+    if floored is problem:
+        return search(problem)
+    plain = search(problem)
+    out = {}
+    for s, (pairs, _) in search(floored).items():
+        cost = order_cost(problem, model, s, pairs)
+        base_pairs = plain[s][0]
+        base = order_cost(problem, model, s, base_pairs)
+        out[s] = (pairs, cost) if cost <= base + 1e-12 * abs(base) else (base_pairs, base)
+    return out
 
 
 def pairs_to_index(problem: JoinProblem, pairs) -> list[tuple[int, int]]:

@@ -17,6 +17,12 @@ streams ``r`` of class ``c`` outside ``S``: ``2^n * sum_c |c|`` transitions in a
 (``n 2^n`` for one class), computed one popcount layer at a time with numpy, every
 subset of a layer at once, no Python object per state.
 
+Ties: after a step forecast empty (``g = 0``), where Eq. 8 gives every tail the same cost,
+the order whose tail costs least with ``gamma`` floored at ``mjoin.cost.GAMMA_FLOOR``
+(``gamma_floor``) wins, as in dppick (``mjoin.cost.search_with_gamma_floor``: the DP run
+again on the floored problem when a gamma is below the floor; ``mjoin.cost``, "Ties after
+an empty step"). The returned cost is the unfloored Eq. 8 cost of the chosen order.
+
 Tables, per class ``c`` and member ``r``: ``G_c[r, S]``, ``U_c[r, S]`` = the lowest
 (gamma, mu) over class-``c`` edges from ``S`` into ``r`` (inf: none), built by adding one
 stream (the highest bit) at a time. Memory ``(2 sum_c |c| + 2 K) * 2^n`` floats
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost import CostModel, JoinProblem
+from ..cost import GAMMA_FLOOR, CostModel, JoinProblem, search_with_gamma_floor
 
 #: above this many streams the tables get large (n = 20, one class: 350 MB)
 MAX_STREAMS = 20
@@ -54,12 +60,20 @@ def _class_tables(problem: JoinProblem, c: int, rows: np.ndarray) -> tuple[np.nd
     return G, U
 
 
-def exact_dp(problem: JoinProblem, model: CostModel, *, max_streams: int = MAX_STREAMS) -> dict:
-    """``{start: (pairs, cost)}``: a cheapest probe order of every stream under the model."""
-    n, K = problem.n, problem.K
+def exact_dp(problem: JoinProblem, model: CostModel, *, max_streams: int = MAX_STREAMS,
+             gamma_floor: float = GAMMA_FLOOR) -> dict:
+    """``{start: (pairs, cost)}``: a cheapest probe order of every stream under the model, ties broken by
+    the cost with ``gamma`` floored at ``gamma_floor`` (0: no floor)."""
+    n = problem.n
     if n > max_streams:
         raise ExactTooLarge(f"exact DP over subsets needs tables of 2^{n} entries per stream and class "
                             f"(limit n = {max_streams})")
+    return search_with_gamma_floor(problem, model, lambda p: _search(p, model), gamma_floor)
+
+
+def _search(problem: JoinProblem, model: CostModel) -> dict:
+    """The DP proper on ``problem``: ``{start: (pairs, cost)}``."""
+    n, K = problem.n, problem.K
     N = 1 << n
     full = N - 1
     q = np.asarray(model.query_cost(problem.kappa), dtype=float).reshape(n)
