@@ -165,8 +165,10 @@ def plot_overhead_rate(result: dict, path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("total arrival rate (tuples/s, the paper replay of TPC-DS)")
     ax.set_ylabel("loop / join engine time, same interval")
-    ax.set_title(f"the loop's overhead against the rate (seed query; load "
-                 f"{result.get('machine', {}).get('load_average', ['?'])[0]})", fontsize=9)
+    loads = [x for p in pts for x in (p.get("load_average_before", [None])[0], p.get("load_average_after", [None])[0])
+             if x is not None]
+    ax.set_title("the loop's overhead against the rate (seed query"
+                 + (f"; load {min(loads):.1f}-{max(loads):.1f})" if loads else ")"), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
