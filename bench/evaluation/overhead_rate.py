@@ -153,7 +153,7 @@ def stem_name(args) -> str:
 
 def markdown(result: dict) -> str:
     """The README's table: per rate, the loop per 10-s cycle and per DAG period by step, the join, the ratios."""
-    rows = ["| rate (tuples/s), sf | measured cycles | loop per 10-s cycle: statistics / gates / Holt / total | "
+    rows = ["| rate (tuples/s), sf | measured cycles, result rows | loop per 10-s cycle: statistics / gates / Holt / total | "
             "join per 10-s batch | loop / join per cycle | loop per period: statistics / gates / Holt / total | "
             "join per period | loop / join per period (median [periods]) |", "|---" * 8 + "|"]
     for p in result["points"]:
@@ -166,7 +166,7 @@ def markdown(result: dict) -> str:
             return f"{steps['statistics']:.2f} / {gates:.2f} / {steps['forecast']:.2f} / **{total:.2f} s**"
 
         ratios = ", ".join(f"{100 * x:.0f}%" for x in q["ratios"] if x is not None)
-        rows.append(f"| {p['rate']:.0f}, sf {p['sf']:g} | {p['measured_cycles']} | {parts(c['steps_median'], c['loop_seconds_median'])} | "
+        rows.append(f"| {p['rate']:.0f}, sf {p['sf']:g} | {p['measured_cycles']}, {p['engine']['result_rows'][0]:,} | {parts(c['steps_median'], c['loop_seconds_median'])} | "
                     f"{1000 * c['join_seconds_mean']:.0f} ms | {100 * c['ratio']:.0f}% | "
                     f"{q['seconds']} s: {parts(q['steps_median'], q['loop_seconds_median'])} | "
                     f"{q['join_seconds_median']:.2f} s | **{100 * q['ratio_median']:.0f}%** [{ratios}] |")
