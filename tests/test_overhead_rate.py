@@ -91,3 +91,17 @@ def test_crossing_extrapolated_or_none():
     assert overhead_rate.crossing([(100, None)])["rate"] is None
     # the first crossing counts, not a later one after the ratio rose again
     assert overhead_rate.crossing([(100, 1.0), (200, 0.04), (400, 0.5), (800, 0.01)])["between"] == [100.0, 200.0]
+
+
+def test_crossings_per_scale_factor():
+    def point(rate, sf, ratio):
+        return {"rate": rate, "sf": sf, "period": {"ratio_median": ratio}, "cycle": {"ratio": 10 * ratio}}
+
+    pts = [point(100, 1.0, 1.0), point(1000, 1.0, 0.1), point(2000, 10.0, 0.5), point(5000, 10.0, 0.01)]
+    c = overhead_rate.crossings(pts)
+    assert set(c) == {"all", "sf1", "sf10"}
+    assert c["sf1"]["per_period"]["how"].startswith("extrapolated")
+    assert c["sf1"]["per_period"]["rate"] == pytest.approx(2000.0)  # ratio ~ rate^-1 through (1000, 0.1)
+    assert c["sf10"]["per_period"]["between"] == [2000.0, 5000.0]
+    assert c["all"]["per_period"]["between"] == [2000.0, 5000.0]  # sorted by rate: 0.1 at 1000, 0.5 at 2000, ...
+    assert c["sf1"]["per_cycle"]["rate"] == pytest.approx(20000.0)

@@ -70,6 +70,16 @@ def crossing(points: list, goal: float = GOAL) -> dict:
     return out
 
 
+def crossings(points: list, goal: float = GOAL) -> dict:
+    """``crossing`` per DAG period and per 10-s cycle, over all points and per scale factor (the key domain grows
+    with the scale factor, so a point at another sf is another workload, not only another rate)."""
+    groups = {"all": points, **{f"sf{sf:g}": [p for p in points if p["sf"] == sf]
+                                for sf in sorted({p["sf"] for p in points})}}
+    return {name: {"per_period": crossing([(p["rate"], p["period"]["ratio_median"]) for p in pts if "period" in p], goal),
+                   "per_cycle": crossing([(p["rate"], p["cycle"]["ratio"]) for p in pts if "cycle" in p], goal)}
+            for name, pts in groups.items()}
+
+
 def _median(values):
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -114,10 +124,7 @@ def run(args) -> dict:
     def save():
         result["seconds_total"] = time.perf_counter() - t_all
         result["load_average_after"] = list(os.getloadavg())
-        result["crossing"] = {"per_period": crossing([(p["rate"], p["period"]["ratio_median"])
-                                                      for p in result["points"] if "period" in p]),
-                              "per_cycle": crossing([(p["rate"], p["cycle"]["ratio"])
-                                                     for p in result["points"] if "cycle" in p])}
+        result["crossing"] = crossings(result["points"])
         out_path.write_text(json.dumps(ev.strip(result), indent=1, default=str))
 
     spark = get_spark("mjoin-bench-overhead-rate", Resources(spark_master="local[2]", shuffle_partitions=4))
@@ -170,12 +177,14 @@ def markdown(result: dict) -> str:
                     f"{1000 * c['join_seconds_mean']:.0f} ms | {100 * c['ratio']:.0f}% | "
                     f"{q['seconds']} s: {parts(q['steps_median'], q['loop_seconds_median'])} | "
                     f"{q['join_seconds_median']:.2f} s | **{100 * q['ratio_median']:.0f}%** [{ratios}] |")
-    cr = result.get("crossing", {})
-    for k in ("per_period", "per_cycle"):
-        x = cr.get(k, {})
-        rate = f"{x['rate']:.0f} tuples/s" if x.get("rate") else "none"
-        rows.append(f"\n5% crossing {k.replace('_', ' ')}: {rate} ({x.get('how')}"
-                    + (f", slope {x['slope']:.2f}" if "slope" in x else "") + ")")
+    rows.append("")
+    for group, cr in crossings([p for p in result["points"] if "cycle" in p]).items():
+        for k in ("per_period", "per_cycle"):
+            x = cr[k]
+            rate = f"{x['rate']:.0f} tuples/s" if x.get("rate") else "none"
+            rows.append(f"- 5% crossing, {group}, {k.replace('_', ' ')}: {rate} ({x.get('how')}"
+                        + (f" between {x['between'][0]:g} and {x['between'][1]:g}/s" if "between" in x else "")
+                        + (f", slope {x['slope']:.2f}" if "slope" in x else "") + ")")
     return "\n".join(rows)
 
 
@@ -197,7 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--tag", default="sf1")
-    p.add_argument("--plot-only", metavar="JSON")
+    p.add_argument("--plot-only", metavar="JSON", help="recompute the crossing of a results file and redraw its plot")
     p.add_argument("--markdown", metavar="JSON", help="print the README table of a results file")
     args = p.parse_args(argv)
     from plots import plot_overhead_rate
@@ -205,8 +214,12 @@ def main(argv=None) -> int:
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return 0
-    if args.plot_only:
-        plot_overhead_rate(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+    if args.plot_only:  # the crossing is derived from the points: recomputed with this code, then the plot
+        path = Path(args.plot_only)
+        result = json.loads(path.read_text())
+        result["crossing"] = crossings([p for p in result["points"] if "cycle" in p])
+        path.write_text(json.dumps(result, indent=1, default=str))
+        plot_overhead_rate(result, path.with_suffix(".png"))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("py4j", "mjoin.engine.interval", "mjoin.engine.batch", "mjoin.stats", "great_expectations",
