@@ -105,3 +105,24 @@ def test_crossings_per_scale_factor():
     assert c["sf10"]["per_period"]["between"] == [2000.0, 5000.0]
     assert c["all"]["per_period"]["between"] == [2000.0, 5000.0]  # sorted by rate: 0.1 at 1000, 0.5 at 2000, ...
     assert c["sf1"]["per_cycle"]["rate"] == pytest.approx(20000.0)
+
+
+def test_summarize_per_cycle_and_per_period():
+    steps = {"statistics": 0.5, "history": 0.1, "stats_gate": 0.2, "forecast": 0.2, "forecast_gate": 0.2,
+             "optimize": 0.0, "plan_gate": 0.05}
+    over = {"per_cycle": {"cycles": 60, "loop_seconds_per_cycle": {"median": 1.0}, "loop_seconds_total": 66.0,
+                          "median_step_seconds": steps, "join_engine_seconds": 3.0, "join_task_cpu_seconds": 1.5,
+                          "fraction_of_join_engine_time": 22.0},
+            "per_period": {"period_seconds": 300, "periods": [
+                {"seconds": steps, "total": 2.0, "join_engine_seconds": 4.0, "join_task_cpu_seconds": 1.0,
+                 "fraction_of_join_engine_time": 0.5},
+                {"seconds": steps, "total": 3.0, "join_engine_seconds": 1.0, "join_task_cpu_seconds": 1.0,
+                 "fraction_of_join_engine_time": 3.0}]}}
+    s = overhead_rate.summarize(over, 10)
+    assert s["measured_cycles"] == 60 and s["cycle"]["join_seconds_mean"] == pytest.approx(0.05)
+    assert s["cycle"]["loop_seconds_mean"] == pytest.approx(1.1) and s["cycle"]["ratio"] == 22.0
+    assert s["period"]["loop_seconds_median"] == 2.5 and s["period"]["ratio_median"] == pytest.approx(1.75)
+    assert s["period"]["count"] == 2 and s["period"]["ratios"] == [0.5, 3.0]
+    # the median round's join per batch (3.0 s / 60) over the period's 30 batches: 1.5 s
+    assert s["period"]["join_seconds_median_round"] == pytest.approx(1.5)
+    assert s["period"]["ratio_median_round"] == pytest.approx(2.5 / 1.5)

@@ -155,6 +155,9 @@ def plot_overhead_rate(result: dict, path: Path) -> Path:
                 label=f"sf {sf:g}: per 10-s cycle (all cycles)")
         ax.plot(rates, per_period, marker + "-", color=COLORS["dppick"], lw=1.8,
                 label=f"sf {sf:g}: per {grp[0]['period']['seconds']}-s DAG period (median; bar: the periods)")
+        if all(p["period"].get("ratio_median_round") for p in grp):
+            ax.plot(rates, [p["period"]["ratio_median_round"] for p in grp], marker + ":", color=COLORS["dppick"],
+                    mfc="none", lw=1, label=f"sf {sf:g}: per period, the join of the median engine round")
         for p, y in zip(grp, per_period):
             rs = [x for x in p["period"]["ratios"] if x is not None]
             if rs:
