@@ -128,13 +128,15 @@ def spread(values: list) -> dict:
 
 # ---- workloads ------------------------------------------------------------------------------------
 
-def tpcds_workload(work: Path, sf: float, duration: str | None) -> Path:
+def tpcds_workload(work: Path, sf: float, duration: str | None, rate: float | None = None) -> Path:
+    """The paper's replay of TPC-DS at ``sf``, generated once into ``work``: lasting ``duration`` (default 1 h) or
+    at ``rate`` total tuples/s (then it lasts the rows / rate; the folder name says the rate)."""
     from mjoin.workloads import generate_tpcds, load_manifest
 
-    out = work / (f"tpcds-sf{sf:g}" + (f"-{duration}" if duration else ""))
+    out = work / (f"tpcds-sf{sf:g}" + (f"-{duration}" if duration else "") + (f"-r{rate:g}" if rate else ""))
     if not (out / "manifest.json").exists():
         t = time.perf_counter()
-        generate_tpcds(out, sf=sf, duration=duration, overwrite=True)
+        generate_tpcds(out, sf=sf, duration=duration, rate=rate, overwrite=True)
         log.info("generated TPC-DS sf %g in %.0f s", sf, time.perf_counter() - t)
     load_manifest(out)
     return out
@@ -867,14 +869,14 @@ def run(args) -> dict:
         if "paper" in args.sections or "overhead" in args.sections or "peers" in args.sections:
             result["paper"] = {}
             for sf in args.sf:
-                wl = tpcds_workload(work, sf, args.duration)
+                wl = tpcds_workload(work, sf, args.duration, args.tpcds_rate)
                 label = f"seed-sf{sf:g}"
                 seed_docs[label] = paper_workload(spark, args, label, wl, SEED, work,
                                                   all_orders=not args.quick and sf == args.sf[0])
                 result["paper"][label] = seed_docs[label]
                 save()
             if "paper" in args.sections and not args.no_two_class:
-                wl = tpcds_workload(work, args.sf[0], args.duration)
+                wl = tpcds_workload(work, args.sf[0], args.duration, args.tpcds_rate)
                 label = f"two-class-sf{args.sf[0]:g}"
                 result["paper"][label] = paper_workload(spark, args, label, wl, TWO_CLASS, work, all_orders=False)
                 save()
@@ -883,30 +885,14 @@ def run(args) -> dict:
                 result["paper"]["selective"] = paper_workload(spark, args, "selective", wl, None, work, all_orders=False)
                 save()
         if "overhead" in args.sections:
-            label = f"seed-sf{args.sf[0]:g}"
-            doc = seed_docs[label]
-            wl = Path(doc["lake"])
             with Section("overhead at the DAG period", result.setdefault("overhead", {})):
-                query = spec_of(wl, SEED)
-                po = period_overhead(spark, query, str(wl), doc["loop_from"], doc["interval"][0], doc["interval"][1],
-                                     args.cycle, args.length, args.period, args.periods, work)
-                sched, costs = doc["_sched"], doc["_costs"]
-                per = costs[("gated", sched_orders(sched)[0], "dppick")]
-                batch_wall = _per_batch_wall(doc)
-                for p in po["periods"]:
-                    ks = [int((t - doc["interval"][0]) // args.cycle) for t in range(p["period"][0], p["period"][1],
-                                                                                      args.cycle)]
-                    p["join_engine_seconds"] = sum(batch_wall[k] for k in ks if k < len(batch_wall))
-                    p["join_task_cpu_seconds"] = sum(per["per_batch_cpu"][k] for k in ks if k < len(per["per_batch_cpu"]))
-                    p["fraction_of_join_engine_time"] = p["total"] / p["join_engine_seconds"] if p["join_engine_seconds"] else None
-                result["overhead"]["per_cycle"] = doc["overhead"]
-                result["overhead"]["per_period"] = po
+                result["overhead"].update(overhead_section(spark, args, seed_docs[f"seed-sf{args.sf[0]:g}"], work))
             save()
         if "sensitivity" in args.sections:
             if args.sens_preset:  # a drifting workload, where reacting sooner can pay
                 wl, qname = drift_workload(work, args, args.sens_preset), None
             else:
-                wl, qname = tpcds_workload(work, args.sf[0], args.duration), SEED
+                wl, qname = tpcds_workload(work, args.sf[0], args.duration, args.tpcds_rate), SEED
             with Section("sensitivity", result.setdefault("sensitivity", {})):
                 result["sensitivity"].update(sensitivity_section(spark, args, work, wl, qname))
             save()
@@ -936,6 +922,25 @@ def run(args) -> dict:
     return strip(result)
 
 
+def overhead_section(spark, args, doc: dict, work: Path) -> dict:
+    """The loop's overhead on the seed query's paper-section ``doc``: per cycle (its loop, ``doc["overhead"]``) and
+    at the DAG's period (``period_overhead``), each period against dppick's composed engine time for its batches."""
+    wl = Path(doc["lake"])
+    query = spec_of(wl, SEED)
+    po = period_overhead(spark, query, str(wl), doc["loop_from"], doc["interval"][0], doc["interval"][1],
+                         args.cycle, args.length, args.period, args.periods, work)
+    sched, costs = doc["_sched"], doc["_costs"]
+    per = costs[("gated", sched_orders(sched)[0], "dppick")]
+    batch_wall = _per_batch_wall(doc)
+    for p in po["periods"]:
+        ks = [int((t - doc["interval"][0]) // args.cycle) for t in range(p["period"][0], p["period"][1],
+                                                                          args.cycle)]
+        p["join_engine_seconds"] = sum(batch_wall[k] for k in ks if k < len(batch_wall))
+        p["join_task_cpu_seconds"] = sum(per["per_batch_cpu"][k] for k in ks if k < len(per["per_batch_cpu"]))
+        p["fraction_of_join_engine_time"] = p["total"] / p["join_engine_seconds"] if p["join_engine_seconds"] else None
+    return {"per_cycle": doc["overhead"], "per_period": po}
+
+
 def _per_batch_wall(doc: dict) -> list:
     """dppick's composed engine time per batch (median round) for the first initial order."""
     from mjoin.cycle_loop import compose
@@ -961,6 +966,8 @@ def main(argv=None) -> int:
                    choices=["paper", "overhead", "sensitivity", "drift", "peers"])
     p.add_argument("--sf", nargs="+", type=float, default=None, help="TPC-DS scale factors of the seed query (1 10)")
     p.add_argument("--duration", default=None, help="TPC-DS replay length (default: the generator's 1 h)")
+    p.add_argument("--tpcds-rate", type=float, default=None,
+                   help="replay TPC-DS at this total rate, tuples/s (it then lasts rows / rate; not with --duration)")
     p.add_argument("--limit", type=float, default=None, help="at most this many seconds of each workload")
     p.add_argument("--cycle", type=int, default=10, help="statistics cycle tau = engine batch, seconds")
     p.add_argument("--length", type=int, default=60, help="history length L, cycles")
@@ -1003,7 +1010,9 @@ def main(argv=None) -> int:
         return 0
     q = args.quick
     args.sf = args.sf or ([0.1] if q else [1.0])
-    args.duration = args.duration or ("7m" if q else None)
+    if args.tpcds_rate and args.duration:
+        p.error("give at most one of --duration and --tpcds-rate")
+    args.duration = args.duration or ("7m" if q and not args.tpcds_rate else None)
     args.reps = args.reps or (2 if q else 3)
     args.orders = args.orders or (6 if q else 0)
     args.taus = args.taus or ([10, 20] if q else [3, 5, 10, 13, 20, 30])
