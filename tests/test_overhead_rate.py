@@ -126,3 +126,19 @@ def test_summarize_per_cycle_and_per_period():
     # the median round's join per batch (3.0 s / 60) over the period's 30 batches: 1.5 s
     assert s["period"]["join_seconds_median_round"] == pytest.approx(1.5)
     assert s["period"]["ratio_median_round"] == pytest.approx(2.5 / 1.5)
+
+
+def test_the_joins_time_per_batch_is_the_median_over_the_engines_rounds(monkeypatch):
+    """``_per_batch_wall``: per batch the median of the rounds' composed times, whatever round ran slow (it took the
+    middle round in run order: one loaded round moved the per-period ratio by a third at 2,000/s)."""
+    from types import SimpleNamespace
+
+    import mjoin.cycle_loop
+
+    rounds = [({"t": [1.0, 9.0, 1.0]}, None), ({"t": [50.0, 2.0, 3.0]}, None), ({"t": [2.0, 3.0, 2.0]}, None)]
+    monkeypatch.setattr(mjoin.cycle_loop, "compose",
+                        lambda keys, plans, ch, base, batches: {"wall": ch["t"][batches[0] - 10] + plans[keys[0]]})
+    sched = SimpleNamespace(gated={("o", "dppick"): ["p", "q", "p"]}, plans={"p": 0.0, "q": 100.0})
+    monkeypatch.setattr(run_evaluation, "sched_orders", lambda s: ["o"])
+    doc = {"_sched": sched, "_measured": {"rounds": rounds, "batch_ids": [10, 11, 12]}}
+    assert run_evaluation._per_batch_wall(doc) == [2.0, 103.0, 2.0]

@@ -942,17 +942,15 @@ def overhead_section(spark, args, doc: dict, work: Path) -> dict:
 
 
 def _per_batch_wall(doc: dict) -> list:
-    """dppick's composed engine time per batch (median round) for the first initial order."""
+    """dppick's composed engine time per batch for the first initial order: per batch the median over the engine's
+    rounds (before, the middle round in run order, which one slow round could be)."""
     from mjoin.cycle_loop import compose
 
     sched, measured = doc["_sched"], doc["_measured"]
     key = (sched_orders(sched)[0], "dppick")
-    ch, base = measured["rounds"][len(measured["rounds"]) // 2]
-    out = []
-    for k, plan_key in enumerate(sched.gated[key]):
-        b = measured["batch_ids"][k]
-        out.append(compose([plan_key], sched.plans, ch, base, [b])["wall"])
-    return out
+    per_round = [[compose([plan_key], sched.plans, ch, base, [measured["batch_ids"][k]])["wall"]
+                  for k, plan_key in enumerate(sched.gated[key])] for ch, base in measured["rounds"]]
+    return [statistics.median(walls) for walls in zip(*per_round)]
 
 
 def stem_name(args) -> str:
