@@ -22,7 +22,6 @@ whole job.
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from .. import contract, eventtime, fsutil
+from ..pools import shared_pool
 from .compiled import EngineQuery, key_name, payload_name
 
-log = logging.getLogger(__name__)
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.contract)
 ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
@@ -573,7 +572,8 @@ def raw_json_array(table: pa.Table) -> pa.Array:
 
 #: threads that read a group's files (a file's decoding runs in Arrow without the GIL, opening it and its footer
 #: in Python): on 2 cores 4 threads read sf 1's 720 small files in 0.30 s and 120 larger ones in 0.07 s, against
-#: 0.43 s and 0.14 s for one pyarrow.dataset scan of the group (bench/scale/results/read-*.json)
+#: 0.43 s and 0.14 s for one pyarrow.dataset scan of the group (one process, load ~3.4; docs/engine.md, the eighth
+#: input round; the engine side by side: bench/scale/results/input-ab-h34-default-sf1.json)
 READ_THREADS = 4
 
 
@@ -601,8 +601,6 @@ def read_group(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray, li
             return _read_file(path, schema), None
         except (OSError, pa.ArrowException) as exc:
             return None, f"not a readable Parquet file ({type(exc).__name__}: {exc})"
-
-    from ..pools import shared_pool
 
     read = list(shared_pool("read", READ_THREADS).map(one, paths)) if len(paths) > 1 else [one(paths[0])]
     tables, owners, failed = [], [], []
