@@ -368,17 +368,16 @@ def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floo
     """``{start: (pairs, C)}``: the orders of ``search(problem) -> {start: (pairs, cost)}`` with ties of Eq. 8 broken
     by the cost with ``gamma`` floored at ``floor`` (module docstring, "Ties after an empty step"): the floored
     search's order where its unfloored cost ``C`` is the unfloored optimum (1e-12 relative), else the unfloored
-    search's. One search when no gamma is below ``floor`` (or ``floor`` is 0); ``C`` is :func:`order_cost`'s."""
+    search's. One search when no gamma is below ``floor`` (or ``floor`` is 0); ``C``: the unfloored search's own
+    cost, or :func:`order_cost`'s for the floored search's order."""
     floored = problem.with_gamma_floor(floor)
     if floored is problem:
         return search(problem)
     plain = search(problem)
     out = {}
     for s, (pairs, _) in search(floored).items():
-        cost = order_cost(problem, model, s, pairs)
-        base_pairs = plain[s][0]
-        base = order_cost(problem, model, s, base_pairs)
-        out[s] = (pairs, cost) if cost <= base + 1e-12 * abs(base) else (base_pairs, base)
+        cost, base = order_cost(problem, model, s, pairs), plain[s][1]
+        out[s] = (pairs, cost) if cost <= base + 1e-12 * abs(base) else plain[s]
     return out
 
 
