@@ -109,9 +109,10 @@ def summarize(over: dict, cycle: int) -> dict:
                    "ratio_median": _median(p["fraction_of_join_engine_time"] for p in periods),
                    "ratios": [p["fraction_of_join_engine_time"] for p in periods]},
     }
-    # run_evaluation's per-period join is the composed time of the engine's middle round in run order
-    # (``_per_batch_wall``); the per-cycle one is the median over the rounds. The loop per period against the latter,
-    # scaled to the period's batches, says how much one slow round moved the per-period ratio.
+    # run_evaluation's per-period join (``_per_batch_wall``) was the composed time of the engine's middle round in run
+    # order until c565eaa (results/overhead_rate_sf1.json was made so), the per-cycle one the median over the rounds.
+    # The loop per period against the latter, scaled to the period's batches, says how much one slow round moved the
+    # per-period ratio of such a run; in runs since c565eaa both are medians over the rounds.
     join = out["cycle"]["join_seconds_mean"]
     if join:
         per = join * pp["period_seconds"] / cycle
