@@ -212,6 +212,9 @@ class FileFacts:
     row_rejects: str | None = "not inspected"
     #: the footer's minimum of a plain event-time column: (value, Arrow type, kind), for :attr:`ts_min_us`
     ts_min: tuple | None = field(default=None, repr=False)
+    #: the footer's minimum and maximum of a plain event-time column every row of which is usable (no NULL, converts
+    #: to micros): (min, max, Arrow type, kind), for :attr:`ts_bounds_us`; None: not known
+    ts_bounds: tuple | None = field(default=None, repr=False)
     schema: pa.Schema | None = field(default=None, repr=False)
 
     @property
@@ -219,6 +222,17 @@ class FileFacts:
         """The earliest event time in epoch micros by the footer (None: not known); converted when asked (a
         pyarrow conversion is ~0.1 ms, a fifth of a footer check: only a streaming batch's lateness needs it)."""
         return None if self.ts_min is None else _event_micros(*self.ts_min)
+
+    @property
+    def ts_bounds_us(self) -> tuple[int, int] | None:
+        """(earliest, latest) event time of the file's rows in epoch micros, by the footer, converted as the engine
+        converts each row's (so they bound the rows' times exactly); None: not known, or a row's time can be
+        unusable (such a row is the engine's ``bad_time`` whatever the interval)."""
+        if self.ts_bounds is None:
+            return None
+        lo, hi, t, kind = self.ts_bounds
+        lo_us, hi_us = _event_micros(lo, t, kind), _event_micros(hi, t, kind)
+        return None if lo_us is None or hi_us is None else (lo_us, hi_us)
 
     def problem(self) -> tuple[str, str] | None:
         """``(rule, detail)`` of the first rule the file breaks, in the table's order (None: it passes)."""
@@ -299,9 +313,10 @@ def _seconds_fit(lo, hi, arrow_type: pa.DataType, kind: str) -> bool:
     return _event_micros(lo, arrow_type, kind) is not None and _event_micros(hi, arrow_type, kind) is not None
 
 
-def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> tuple[str | None, tuple | None]:
-    """``(why a row can be rejected or None, (the event time's footer minimum, its Arrow type, kind) or None)`` of a
-    file by its footer
+def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> tuple[str | None, tuple | None, tuple | None]:
+    """``(why a row can be rejected or None, (the event time's footer minimum, its Arrow type, kind) or None,
+    (its footer minimum, maximum, Arrow type, kind) or None)`` of a file by its footer (the third only when every
+    row's event time is usable: no NULLs, a kind that always converts, micros that do not overflow)
     (``stats``: :func:`_chunk_stats`): a key column (``stream.keys`` and the engine's ``band_columns``) with NULLs
     (``null_key``), a declared column whose cast can fail (:func:`cast_can_fail`, ``bad_type``), an event time that
     can be unusable (``bad_time``: NULLs, a string or expression, floats (a NaN is not in the statistics), epoch
@@ -324,7 +339,7 @@ def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> 
     for col, spec_type in stream.columns.items():
         if col in names and cast_can_fail(spec_type, schema.field(col).type, band=col in band_columns):
             why.append(f"{col}: {schema.field(col).type} to {spec_type} can fail")
-    et, ts_min = stream.event_time, None
+    et, ts_min, ts_bounds = stream.event_time, None, None
     if et.expr is not None or et.format is not None:
         why.append("event time from an expression or a pattern")
     elif et.column not in names:
@@ -340,9 +355,11 @@ def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> 
             ts_min = (entry[1], t, kind)
             if kind in ("int", "decimal") and not _seconds_fit(entry[1], entry[2], t, kind):
                 why.append(f"{et.column}: event time overflows micros (footer min/max)")
+            elif n == 0 and entry[2] is not None:
+                ts_bounds = (entry[1], entry[2], t, kind)
         elif kind in ("int", "decimal"):
             why.append(f"{et.column}: no min/max in the footer")
-    return ("; ".join(why) or None), ts_min
+    return ("; ".join(why) or None), ts_min, ts_bounds
 
 
 def inspect(path: str, stream, size: int | None = None, band_columns=()) -> FileFacts:
@@ -370,7 +387,7 @@ def inspect(path: str, stream, size: int | None = None, band_columns=()) -> File
     if md.num_rows and nulls is not None and nulls == md.num_rows:
         out.no_event_time = f"all {md.num_rows} rows have a NULL event time ({plain})"
     if out.schema_problem is None and out.missing_keys is None:
-        out.row_rejects, out.ts_min = row_rejects(stream, schema, md, stats, band_columns)
+        out.row_rejects, out.ts_min, out.ts_bounds = row_rejects(stream, schema, md, stats, band_columns)
     return out
 
 

@@ -125,6 +125,8 @@ class IntervalInput:
     #: ``() -> [FileReject]``: the files Spark's tasks found unreadable since the last call, added to ``rejects``
     #: (:meth:`mjoin.engine.normalize.Inspected.collect_unreadable`): ask after a job that read the input
     late_rejects: object = None
+    #: stream -> accepted files not read: every row outside the interval by the footers (:meth:`Inspected.prune_outside`)
+    not_read: dict = field(default_factory=dict)
 
     def valid(self):
         from pyspark.sql import functions as F
@@ -175,6 +177,10 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
             landed[s.source] = in_lake.landed(s.source)
     files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
     inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
+    pruned = inspected.prune_outside(eq.window_us, start_us, end_us)  # files no row of which is read
+    if pruned:
+        log.info("interval %s .. %s: %d landed file(s) not read, every row outside it by the footers (%s)",
+                 iso(start), iso(end), sum(pruned.values()), ", ".join(f"{k} {v}" for k, v in sorted(pruned.items())))
     present = {name for (name, _), _ in inspected.groups.items()}
     frame = local = None
     local_seconds = 0.0
@@ -191,7 +197,7 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects,
                          time.perf_counter() - t0 - local_seconds, eq.streams, punct, local, local_seconds,
-                         inspected.collect_unreadable)
+                         inspected.collect_unreadable, pruned)
 
 
 def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int) -> pa.Table:
@@ -450,7 +456,7 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
         extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
                "prefilter": compiled.prefilter, "buckets": runner.config.buckets,
                "execution": "fused-driver" if local else "fused", "where": execution["where"],
-               "phases": phases})
+               "phases": phases, "files_not_read": data.not_read})
 
 
 def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner, warm: dict | None = None,

@@ -38,6 +38,9 @@ from .compiled import EngineQuery, key_name, payload_name
 ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
 #: and a punctuation file that does not follow mjoin.punctuation's format
 REASONS = ROW_REASONS + contract.FILE_REASONS + ("bad_punctuation",)
+#: slack of :meth:`Inspected.prune_outside` around the footer's event-time bounds (1 ms: a file this close to the
+#: interval's edge is read)
+PRUNE_MARGIN_US = 1_000
 _SPARK_TYPES = {"long": "bigint", "int": "int", "short": "smallint", "string": "string", "double": "double",
                 "float": "float", "boolean": "boolean", "date": "date", "timestamp": "timestamp"}
 
@@ -105,6 +108,33 @@ class Inspected:
             if token == self.token and (stream, path) not in self.reported:
                 self.reported.add((stream, path))
                 out.append(self.unreadable(stream, path, detail))
+        return out
+
+    def prune_outside(self, window_us: dict, start_us: int, end_us: int) -> dict:
+        """Take out of the accepted files those whose every row lies outside an interval's rows: a row of stream
+        ``s`` is read iff ``start - W_s < ts < end`` (the warm-up and the batches, :func:`mjoin.engine.interval.
+        batch_local`; every other row is dropped, a NULL time counts in batch 1), so a file whose footer bounds
+        all of its rows' usable event times (:attr:`mjoin.contract.FileFacts.ts_bounds_us`) at or before
+        ``start - W_s`` or at or after ``end`` gives the interval nothing. Such files are not read; they were
+        judged by the contract like the others (quarantine and duplicates are unchanged). Returns stream ->
+        files taken out."""
+        out: dict = {}
+        for (stream, sig), (schema, paths) in list(self.groups.items()):
+            keep = []
+            for p in paths:
+                facts = self.accepted.get((stream, p))
+                bounds = facts.ts_bounds_us if facts is not None else None
+                if bounds is None or (start_us - window_us[stream] < bounds[1] + PRUNE_MARGIN_US
+                                      and bounds[0] - PRUNE_MARGIN_US < end_us):
+                    keep.append(p)
+                    continue
+                del self.accepted[(stream, p)]
+                self.rows -= facts.rows or 0
+                out[stream] = out.get(stream, 0) + 1
+            if keep:
+                self.groups[(stream, sig)] = (schema, keep)
+            else:
+                del self.groups[(stream, sig)]
         return out
 
     def can_reject(self, stream: str, paths, late_before: int | None = None) -> bool:
