@@ -302,6 +302,9 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
         doc = {"replay_seconds": DENSITIES[density], "span": span, "files": files, "rows_in": rows_in,
                "result_rows": m[0]["result_rows"], "identical_results": identical, "fingerprint": ref,
                "wall": summary, "seconds_per_million_tuples": per_m,
+               # per million tuples in and out: the dense and the sparse replays' results grow faster than their
+               # input with the size (sf 1 -> 10: 9x the tuples, 40x the results), and every system writes them
+               "seconds_per_million_in_out": per_million_in_out(summary, rows_in, m[0]["result_rows"]),
                "rows_per_second": {k: (rows_in / v["median"] if v else None) for k, v in summary.items()},
                "mjoin_phases_median": phases,
                "mjoin_input_share_median": statistics.median(x["input_share"] for x in m),
@@ -339,6 +342,11 @@ def one_size(spark, sf: float, rounds: int, work: Path, native_max_sf: float, na
     return out
 
 
+def per_million_in_out(wall: dict, rows_in: int, result_rows: int) -> dict:
+    """System -> median wall seconds per million tuples read plus result rows written."""
+    return {k: (v["median"] / (rows_in + result_rows) * 1e6 if v else None) for k, v in wall.items()}
+
+
 def plot(results_dir: Path) -> Path | None:
     import matplotlib
 
@@ -348,23 +356,32 @@ def plot(results_dir: Path) -> Path | None:
     docs = sorted((json.loads(p.read_text()) for p in results_dir.glob("scale-sf*.json")), key=lambda d: d["sf"])
     if not docs:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     styles = {"mjoin": "-o", "mjoin-default": "-.D", "duckdb": "--s", "native": ":^"}
-    for density, color in (("dense", "#c44"), ("sparse", "#27a")):
-        for kind, style in styles.items():
-            pts = [(d["sf"], d["densities"][density]["seconds_per_million_tuples"].get(kind)) for d in docs
-                   if density in d["densities"]]
-            pts = [(x, y) for x, y in pts if y is not None]
-            if pts:
-                name = {"mjoin": "mjoin (Spark path)", "mjoin-default": "mjoin (default: driver up to 1 M rows)"}.get(kind, kind)
-                ax.plot(*zip(*pts), style, color=color, label=f"{name}, {density}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("TPC-DS scale factor")
-    ax.set_ylabel("wall seconds per million input tuples (median)")
-    ax.set_title("seed query, 5-min windows, 30-s cycles, local[2]")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, per, ylabel in ((axes[0], "input", "wall seconds per million input tuples (median)"),
+                            (axes[1], "in_out", "wall seconds per million input tuples + result rows")):
+        for density, color in (("dense", "#c44"), ("sparse", "#27a")):
+            for kind, style in styles.items():
+                pts = []
+                for d in docs:
+                    doc = d["densities"].get(density)
+                    if doc is None:
+                        continue
+                    y = (doc["seconds_per_million_tuples"].get(kind) if per == "input" else
+                         per_million_in_out(doc["wall"], doc["rows_in"], doc["result_rows"]).get(kind))
+                    if y is not None:
+                        pts.append((d["sf"], y))
+                if pts:
+                    name = {"mjoin": "mjoin (Spark path)", "mjoin-default": "mjoin (default: driver up to 1 M rows)"}.get(kind, kind)
+                    ax.plot(*zip(*pts), style, color=color, label=f"{name}, {density}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("TPC-DS scale factor")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_title("seed query, 5-min windows, 30-s cycles, local[2]")
+    axes[1].set_title("the same per tuple read or written")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     path = results_dir / "scale.png"
     fig.savefig(path, dpi=120)
