@@ -322,7 +322,7 @@ def row_rejects(stream, schema: pa.Schema, md, stats: dict, band_columns=()) -> 
     can be unusable (``bad_time``: NULLs, a string or expression, floats (a NaN is not in the statistics), epoch
     seconds whose micros overflow by the footer's min/max). Unknown (no statistics) counts as "can"."""
     if md.num_rows == 0:
-        return None, None
+        return None, None, None
     why: list = []
     names = set(schema.names)
 
