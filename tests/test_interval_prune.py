@@ -73,6 +73,12 @@ def test_prune_takes_out_exactly_the_files_whose_rows_the_batch_rule_drops(tmp_p
             "after": (_b(tmp_path, "b-after", [e_us + m, e_us + 50 * US]), True),
             "slack-across": (_b(tmp_path, "b-across", [s_us - 500 * US, e_us + 500 * US]), False),  # bounds span it
             "spans": (_b(tmp_path, "b-spans", [s_us - 500 * US, s_us, e_us + 500 * US]), False),
+            "ns-before": (_write(tmp_path, "b-ns-before", pa.table({  # nanoseconds: converted as the engine does
+                "ts": pa.array([(s_us - 31 * US) * 1000 + 999], pa.int64()).cast(pa.timestamp("ns")),
+                "kb": pa.array([1], pa.int64()), "idb": pa.array([1], pa.int64()), "vb": [0.1]})), True),
+            "slack-ns": (_write(tmp_path, "b-slack-ns", pa.table({
+                "ts": pa.array([(s_us - 30 * US) * 1000 + 999], pa.int64()).cast(pa.timestamp("ns")),
+                "kb": pa.array([1], pa.int64()), "idb": pa.array([1], pa.int64()), "vb": [0.1]})), False),
             "null": (_write(tmp_path, "b-null", pa.table({  # all before, but a NULL time counts in batch 1
                 "ts": pa.array([s_us - 500 * US, None], pa.int64()).cast(pa.timestamp("us")),
                 "kb": pa.array([1, 2], pa.int64()), "idb": pa.array([1, 2], pa.int64()), "vb": [0.1, 0.2]})), False),
@@ -91,7 +97,7 @@ def test_prune_takes_out_exactly_the_files_whose_rows_the_batch_rule_drops(tmp_p
     assert not inspected.rejects
     rows_before = inspected.rows
     pruned = inspected.prune_outside(eq.window_us, s_us, e_us)
-    assert pruned == {"b": 2, "c": 2}
+    assert pruned == {"b": 3, "c": 2}
     kept = {p for (_, paths) in inspected.groups.values() for p in paths}
     for s, fs in files.items():
         for name, (path, expect_pruned) in fs.items():
@@ -108,7 +114,7 @@ def test_prune_takes_out_exactly_the_files_whose_rows_the_batch_rule_drops(tmp_p
             if s == "a":
                 continue
             col = pq.read_table(path).column(stream.event_time.column)
-            kind = "ts" if pa.types.is_timestamp(col.type) else "int"
+            kind = ("ts_ns" if col.type.unit == "ns" else "ts") if pa.types.is_timestamp(col.type) else "int"
             ts = micros_arrow(col.combine_chunks(), kind)
             b = batch_local(ts, np.full(len(ts), sid[s]), eq, s_us, e_us, 30 * US)
             assert bool((b < 0).all()) == (expect_pruned or name.startswith("slack")), (s, name, b)

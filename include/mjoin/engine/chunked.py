@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from .. import contract
 from .interval import DeferredLocal, IntervalInput, batch_local, route_rows
 from .normalize import _groups, normalize_files
 
@@ -67,12 +68,9 @@ class RoutedChunks:
     def _files(self) -> list:
         """``[(earliest event time or None, group index, path)]`` in reading order: unknown times first."""
         inspected = self.data.local.inspected
-        out = []
-        for gi, (name, _schema, paths) in enumerate(_groups(inspected)):
-            for p in paths:
-                facts = inspected.accepted.get((name, p))
-                bounds = facts.ts_bounds_us if facts is not None else None
-                out.append((None if bounds is None else bounds[0], gi, p))
+        files = [(gi, name, p) for gi, (name, _schema, paths) in enumerate(_groups(inspected)) for p in paths]
+        bounds = contract.ts_bounds_us([inspected.accepted.get((name, p)) for _, name, p in files])
+        out = [(None if b is None else b[0], gi, p) for (gi, _, p), b in zip(files, bounds)]
         out.sort(key=lambda f: (f[0] is not None, f[0] or 0))
         return out
 

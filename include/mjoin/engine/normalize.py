@@ -114,16 +114,18 @@ class Inspected:
         """Take out of the accepted files those whose every row lies outside an interval's rows: a row of stream
         ``s`` is read iff ``start - W_s < ts < end`` (the warm-up and the batches, :func:`mjoin.engine.interval.
         batch_local`; every other row is dropped, a NULL time counts in batch 1), so a file whose footer bounds
-        all of its rows' usable event times (:attr:`mjoin.contract.FileFacts.ts_bounds_us`) at or before
+        all of its rows' usable event times (:func:`mjoin.contract.ts_bounds_us`) at or before
         ``start - W_s`` or at or after ``end`` gives the interval nothing. Such files are not read; they were
         judged by the contract like the others (quarantine and duplicates are unchanged). Returns stream ->
         files taken out."""
         out: dict = {}
+        keys = [(stream, p) for (stream, _), (_, paths) in self.groups.items() for p in paths]
+        bounds_of = dict(zip(keys, contract.ts_bounds_us([self.accepted.get(k) for k in keys])))
         for (stream, sig), (schema, paths) in list(self.groups.items()):
             keep = []
             for p in paths:
                 facts = self.accepted.get((stream, p))
-                bounds = facts.ts_bounds_us if facts is not None else None
+                bounds = bounds_of[(stream, p)]
                 if bounds is None or (start_us - window_us[stream] < bounds[1] + PRUNE_MARGIN_US
                                       and bounds[0] - PRUNE_MARGIN_US < end_us):
                     keep.append(p)
