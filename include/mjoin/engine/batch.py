@@ -329,8 +329,7 @@ def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
     """Run a stage's task function on the driver over ``table``: its (class, bucket) groups split over
     ``threads`` "partitions" by bucket, each run on a thread of its own as Spark runs its tasks (the
     operator's work is mostly Arrow and numpy, which release the GIL, and file writes)."""
-    # not a table: mjoin.engine.chunked.RoutedChunks, its ranges as they are routed, on this thread
-    if not isinstance(table, pa.Table) or threads <= 1 or table.num_rows == 0:
+    if threads <= 1 or table.num_rows == 0:
         return _run_partition(fn, table, 0)
     part = np.mod(np.asarray(table.column("_b").fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), threads)
     parts = [table.filter(pa.array(part == i)) for i in range(threads)]
@@ -369,8 +368,7 @@ def _read_parts(folder: str) -> list[pa.Table]:
 def _run_partition(fn, table: pa.Table, part: int) -> list[dict]:
     _DRIVER_TASK.part = part
     try:
-        batches = iter(table.to_batches()) if isinstance(table, pa.Table) else table.record_batches()
-        return [json.loads(d) for rb in fn(batches) for d in rb.column(0).to_pylist()]
+        return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
     finally:
         _DRIVER_TASK.part = None
 
@@ -935,7 +933,7 @@ class BatchRunner:
             raise ValueError(f"pipelined batches must be consecutive, got {batches}")
         started = datetime.now(timezone.utc)
         t_run = time.perf_counter()
-        local = isinstance(routed, pa.Table) or hasattr(routed, "record_batches")  # or chunked.RoutedChunks
+        local = isinstance(routed, pa.Table)
         group = f"mjoin-{eq.name}-{self.mode}-{first}-{last}-{time.time_ns()}"
         if not local:
             spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batches {first}..{last}", interruptOnCancel=False)
@@ -1075,8 +1073,6 @@ class BatchRunner:
         import pyarrow.compute as pc
 
         def next_input(folder, targets):
-            if not isinstance(routed, pa.Table):
-                raise RuntimeError("an interval's input read in chunks runs single-stage plans only")
             parts = [to_layout(t, self.arrow_schema, extra=("_batch",)) for t in _read_parts(folder)]
             replay = routed.filter(pc.and_(pc.is_in(routed.column("_kind"), pa.array([1, 4], pa.int8())),
                                            pc.is_in(routed.column("_c"), pa.array(targets, pa.int32()))))
@@ -1084,7 +1080,7 @@ class BatchRunner:
             t = pa.concat_tables([x.cast(parts[-1].schema) for x in parts])
             return t.take(pc.sort_indices(t, sort_keys=[("_batch", "ascending")]))  # stable
 
-        threads = 1 if not isinstance(routed, pa.Table) else self.config.driver_threads or (
+        threads = self.config.driver_threads or (
             self.config.threads_on_driver() if routed.num_rows >= PIPELINED_ROWS_PER_THREAD * max(1, batches) else 1)
         return _driver_stage(threads), next_input
 

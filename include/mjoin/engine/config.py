@@ -80,10 +80,6 @@ class EngineConfig:
     #: driver is ahead at sf 1 (5.7-8.6 s vs 9.3-13.3 s; dense, 2.2 M results: 2.1-2.5 s vs 8.5-11.6 s).
     #: 0: intervals always on Spark. See docs/engine.md ("Small intervals").
     interval_driver_rows: int = 1_000_000
-    #: a single-stage interval run on the driver whose batches average fewer rows than a second operator thread
-    #: needs reads and routes its input in this many chunks of consecutive batches, on a thread of its own while
-    #: the operator runs the chunks before (:mod:`mjoin.engine.chunked`); 0 or 1: all of it first
-    interval_chunks: int = 8
     #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
     #: would split them over tasks (0: the driver's cores, at most 4; a pipelined interval on the driver:
     #: one, unless its batches average ``batch.PIPELINED_ROWS_PER_THREAD`` rows)
@@ -109,8 +105,6 @@ class EngineConfig:
             raise EngineError("driver_rows must be >= 0 (0: never run a batch on the driver)")
         if self.interval_driver_rows < 0:
             raise EngineError("interval_driver_rows must be >= 0 (0: never run an interval on the driver)")
-        if self.interval_chunks < 0:
-            raise EngineError("interval_chunks must be >= 0 (0 or 1: read the whole interval before the operator)")
         if self.driver_threads < 0:
             raise EngineError("driver_threads must be >= 0 (0: the driver's cores, at most 4)")
         if not self.recheck_seconds >= 0:

@@ -29,7 +29,7 @@ import pyarrow as pa
 from .. import fsutil
 from ..contract import Seen
 from ..timeutil import iso, to_micros
-from .batch import PIPELINED_ROWS_PER_THREAD, BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
+from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
 from .compiled import MICROS
 from .config import EngineConfig, EngineError
 from .inputs import as_lake, as_query, compile_plan
@@ -158,23 +158,11 @@ class IntervalInput:
         return counts
 
 
-@dataclass
-class DeferredLocal:
-    """The accepted files of an interval that runs on the driver, not read yet: the run reads them chunk by chunk
-    while its operator runs (:class:`mjoin.engine.chunked.RoutedChunks`)."""
-
-    query: object
-    inspected: object  # mjoin.engine.normalize.Inspected
-
-
-def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver_rows: int = 0,
-                  chunks: int = 0) -> IntervalInput:
+def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver_rows: int = 0) -> IntervalInput:
     """The landed files of the query's streams judged by the contract (rejected files go to
     ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches. ``driver_rows``
     > 0: when the accepted files hold at most that many rows (footers) and the driver reads their streams
-    as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark;
-    or later, in ``chunks`` (> 1) chunks of batches while the operator runs (``local`` a :class:`DeferredLocal`),
-    when the batches average fewer rows than a second operator thread needs (``PIPELINED_ROWS_PER_THREAD``)."""
+    as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark."""
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
@@ -197,12 +185,9 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
     frame = local = None
     local_seconds = 0.0
     if 0 < driver_rows and inspected.rows <= driver_rows and local_supported(query, present):
-        if chunks > 1 and inspected.rows < PIPELINED_ROWS_PER_THREAD * n_batches:
-            local = DeferredLocal(query, inspected)
-        else:
-            t1 = time.perf_counter()
-            local = _read_local(query, eq, inspected, start_us, end_us, cycle_us)
-            local_seconds = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        local = _read_local(query, eq, inspected, start_us, end_us, cycle_us)
+        local_seconds = time.perf_counter() - t1
     else:
         frame = normalize_streams(spark, query, eq, inspected)
         if frame is not None:
@@ -310,20 +295,14 @@ def route_interval_local(runner: BatchRunner, data: IntervalInput) -> pa.Table:
     """:func:`route_interval` on the driver: ``data.local`` routed (:func:`route_local`, with every batch's
     ticks), the punctuations, sorted by (batch, class, bucket, stream, key) as Spark sorts each partition
     (stable; NULLs first)."""
-    return route_rows(runner, data.local, range(0, data.n_batches + 1), _punctuation_table(runner, data,
-                                                                                          runner.arrow_input_schema))
-
-
-def route_rows(runner: BatchRunner, rows: pa.Table | None, batches, punct: pa.Table | None = None) -> pa.Table:
-    """Rows of ``batches`` (the input layout with ``_batch``) routed on the driver (:func:`route_local`, with each
-    batch's ticks), with the punctuation rows ``punct``, sorted by (batch, class, bucket, stream, key) as Spark
-    sorts each partition (stable; NULLs first)."""
     import pyarrow.compute as pc
 
     from .compiled import key_name
 
     eq, schema = runner.eq, runner.arrow_input_schema
-    parts = [route_local(rows, eq, runner.config.buckets, schema, runner.config.psp_slices, batches=list(batches))]
+    parts = [route_local(data.local, eq, runner.config.buckets, schema, runner.config.psp_slices,
+                         batches=list(range(0, data.n_batches + 1)))]
+    punct = _punctuation_table(runner, data, schema)
     if punct is not None:
         parts.append(punct)
     t = pa.concat_tables([to_layout(p, schema, extra=("_batch",)) for p in parts])
@@ -429,22 +408,14 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
 
     t_run = time.perf_counter()
     cfg = runner.config
-    multi = max(len(ch.segments) for ch in compiled.chains.values()) > 1
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle,
-                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows),
-                         chunks=cfg.interval_chunks if not multi and cfg.driver_threads <= 1 else 0)
+                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows))
     local = data.local is not None
     t0 = time.perf_counter()
-    chunked = None
-    if isinstance(data.local, DeferredLocal):  # read and routed range by range while the operator runs
-        from .chunked import RoutedChunks
-
-        routed = chunked = RoutedChunks(runner, data, _punctuation_table(runner, data, runner.arrow_input_schema),
-                                        cfg.interval_chunks)
-    else:
-        routed = route_interval(runner, data)
-        data.local = None  # (the routed table holds the rows now)
+    routed = route_interval(runner, data)
     route_seconds = time.perf_counter() - t0
+    data.local = None  # (the routed table holds the rows now)
+    multi = max(len(ch.segments) for ch in compiled.chains.values()) > 1
     if multi and not local:
         routed = routed.persist(StorageLevel.MEMORY_AND_DISK)
     bounds, extras = _cycles(data)
@@ -466,14 +437,7 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     metrics_path = write_jsonl(runner.metrics_dir, records)
     execution = warm["execution"]
     stages = execution["spark_stages"]
-    if chunked is not None:  # the input's own time, and what the operator waited for it: the input's share
-        input_seconds = route_seconds + chunked.wait_seconds
-        stages_seconds = sum(v for k, v in execution["stage_seconds"].items() if k.startswith("stage"))
-        phases = {"contract_checks_driver": data.seconds, "input_driver": input_seconds,
-                  "operator_driver": stages_seconds - chunked.wait_seconds, "input_stage": 0.0, "spark_stages": [],
-                  "input_driver_work": route_seconds + chunked.work_seconds, "input_chunks": len(chunked.edges)}
-        data.local = None
-    elif local:  # the input part: normalise, batch and route on the driver; the operator: the stages' threads
+    if local:  # the input part: normalise, batch and route on the driver; the operator: the stages' threads
         input_seconds = data.local_seconds + route_seconds
         phases = {"contract_checks_driver": data.seconds, "input_driver": input_seconds,
                   "operator_driver": sum(v for k, v in execution["stage_seconds"].items() if k.startswith("stage")),

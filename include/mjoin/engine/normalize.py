@@ -753,29 +753,23 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     one table (:func:`normalize_arrow`: the per-file rules, the event time's conversion by the group's type,
     ``_file`` from each row's file); a file whose data does not read is quarantined whole (``unreadable``:
     :meth:`Inspected.unreadable`) and the others are read."""
-    parts = [t for name, fschema, paths in _groups(inspected)
-             for t in [normalize_files(query, eq, inspected, name, fschema, paths, late_before)[0]] if t is not None]
-    return pa.concat_tables(parts) if parts else None
-
-
-def normalize_files(query, eq: EngineQuery, inspected: Inspected, name: str, fschema: pa.Schema, paths: list,
-                    late_before: int | None = None) -> tuple[pa.Table | None, list]:
-    """``(rows or None, [FileReject])``: the accepted files ``paths`` of stream ``name`` (of one group, schema
-    ``fschema``) read (:func:`read_group`) and normalised (:func:`normalize_arrow`) into the engine's input layout;
-    the files whose data does not read quarantined (:meth:`Inspected.unreadable`, returned)."""
     from .frame import arrow_input_schema, payload_slots
 
     schema = arrow_input_schema(eq)
-    t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
-    rejects = [inspected.unreadable(name, path, detail) for path, detail in failed]
-    n = t.num_rows
-    if n == 0:
-        return None, rejects
-    slot_of = {k: slot for pairs in payload_slots(eq)[1].values() for k, slot in pairs}
-    cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before)
-    cols = {slot_of.get(k, k): v for k, v in cols.items()}
-    return pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema],
-                    schema=schema), rejects
+    slot_of = {name: slot for pairs in payload_slots(eq)[1].values() for name, slot in pairs}
+    parts = []
+    for name, fschema, paths in _groups(inspected):
+        t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
+        for path, detail in failed:
+            inspected.unreadable(name, path, detail)
+        n = t.num_rows
+        if n == 0:
+            continue
+        cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before)
+        cols = {slot_of.get(k, k): v for k, v in cols.items()}
+        parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
+                               for f in schema], schema=schema))
+    return pa.concat_tables(parts) if parts else None
 
 
 # ---- punctuations: promises as routed rows -----------------------------------------------------------
