@@ -218,7 +218,11 @@ def markdown(r: dict) -> str:
         out.append("|---|---|---|---|---|---|---|---|")
         for n, sy in doc["systems"].items():
             if "error" in sy:
-                out.append(f"| {n} | error | | | | | | |")
+                if sy.get("timeout_seconds"):  # stopped by --peer-timeout (warm-up and repetitions together)
+                    out.append(f"| {n} | did not finish: > {sy['timeout_seconds']:g} s for its warm-up and runs "
+                               f"(stopped) | | | | | | |")
+                else:
+                    out.append(f"| {n} | error | | | | | | |")
                 continue
             sec = sy["seconds"]
             rss = sy.get("peak_rss_bytes")

@@ -755,23 +755,49 @@ def _peer_summary(res: dict, tuples: int) -> dict:
             "state_tuples": ok[0].get("state_tuples"), "execution": ok[0].get("execution"), "runs": ok}
 
 
+#: seconds a peer's process may run (its warm-up and every repetition) before it is stopped and recorded as not
+#: finished (``--peer-timeout``; None: no limit)
+PEER_TIMEOUT: list = [None]
+
+
+def _run_peer(cmd: list, env: dict | None = None) -> tuple[str, str, float | None]:
+    """(stdout, stderr, None) of ``cmd`` in a session of its own; on :data:`PEER_TIMEOUT` the whole process group
+    (the JVMs it started too) is killed and the limit returned third."""
+    import signal
+
+    limit = PEER_TIMEOUT[0]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=limit)
+        return out, err, None
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return out, err, limit
+
+
 def _subprocess_peer(job: dict, path: Path) -> dict:
     path.write_text(json.dumps(job))
-    p = subprocess.run([sys.executable, __file__, "--peer-job", str(path)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(PROJECT / "include")})
-    line = [x for x in p.stdout.splitlines() if x.startswith("PEER_RESULT ")]
+    out, err, timed_out = _run_peer([sys.executable, __file__, "--peer-job", str(path)],
+                                    env={**os.environ, "PYTHONPATH": str(PROJECT / "include")})
+    line = [x for x in out.splitlines() if x.startswith("PEER_RESULT ")]
+    if timed_out:
+        return {"error": f"did not finish within {timed_out:g} s (stopped)", "timeout_seconds": timed_out}
     if not line:
-        return {"error": (p.stderr or p.stdout)[-3000:]}
+        return {"error": (err or out)[-3000:]}
     return json.loads(line[-1].split(" ", 1)[1])
 
 
 def _flink(job: dict, path: Path) -> dict:
     path.write_text(json.dumps(job))
     t = time.perf_counter()
-    p = subprocess.run([str(FLINK_PY), str(HERE / "flink_job.py"), str(path)], capture_output=True, text=True)
-    line = [x for x in p.stdout.splitlines() if x.startswith("FLINK_JOB_RESULT ")]
+    out, err, timed_out = _run_peer([str(FLINK_PY), str(HERE / "flink_job.py"), str(path)])
+    if timed_out:
+        return {"error": f"did not finish within {timed_out:g} s (stopped)", "timeout_seconds": timed_out}
+    line = [x for x in out.splitlines() if x.startswith("FLINK_JOB_RESULT ")]
     if not line:
-        return {"error": (p.stderr or p.stdout)[-3000:]}
+        return {"error": (err or out)[-3000:]}
     res = json.loads(line[-1].split(" ", 1)[1])
     res["process_seconds"] = time.perf_counter() - t
     return res
@@ -989,6 +1015,9 @@ def main(argv=None) -> int:
     p.add_argument("--peer-reps", type=int, default=None)
     p.add_argument("--native-reps", type=int, default=1)
     p.add_argument("--no-native", action="store_true")
+    p.add_argument("--peer-timeout", type=float, default=None,
+                   help="seconds a peer's process (warm-up and repetitions) may run before it is stopped and "
+                        "recorded as not finished")
     p.add_argument("--no-flink", action="store_true")
     p.add_argument("--flink-variants", nargs="+", default=["multijoin", "binary", "interval"])
     p.add_argument("--seed", type=int, default=7)
@@ -1022,6 +1051,7 @@ def main(argv=None) -> int:
     args.drift_rate = args.drift_rate or (20.0 if q else 50.0)
     args.drift_domain = args.drift_domain or (200 if q else 1000)
     args.peer_reps = args.peer_reps or (1 if q else 3)
+    PEER_TIMEOUT[0] = args.peer_timeout
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("py4j", "mjoin.engine.interval", "mjoin.engine.batch", "mjoin.stats", "great_expectations",
                  "mjoin.forecast"):
