@@ -214,32 +214,47 @@ def run_native(spark, landed: Path, out: Path, span, timeout: float) -> dict:
             "peak_rss_mb": mem.mb(), "fingerprint": result_fingerprint(str(out), QUERY)}
 
 
-def run_duckdb(landed: Path, out: Path, span, spill: Path) -> dict:
-    """The tests' reference query (engine_helpers.reference_sql) over the landed files, results written as
-    Parquet, in one DuckDB query (2 threads: the machine's cores)."""
+def duckdb_connect(spill: Path):
+    """A DuckDB connection as the benchmarks run the reference: 2 threads (the machine's cores), 8 GB, spilling to
+    ``spill``, no extension installed or loaded behind our back."""
     import duckdb
-    import pyarrow.parquet as pq
 
+    return duckdb.connect(config={"threads": 2, "memory_limit": "8GB", "temp_directory": str(spill),
+                                  "autoinstall_known_extensions": False, "autoload_known_extensions": False})
+
+
+def duckdb_copy(landed: Path, span, target: Path, spill: Path) -> float:
+    """The tests' reference query (engine_helpers.reference_sql) over the landed files, its results written to
+    ``target`` as Parquet (zstd) in one DuckDB query; its wall seconds."""
     from engine_helpers import reference_sql
-    from mjoin.engine.compiled import EngineQuery
-    from mjoin.engine.frame import arrow_result_schema
-    from mjoin.engine.results import fingerprint_tables
     from mjoin.lake import Lake
     from mjoin.query import load_query
 
-    query = load_query(QUERY)
-    sql = reference_sql(query, Lake(str(landed)), span[0] * 1_000_000, span[1] * 1_000_000)
+    sql = reference_sql(load_query(QUERY), Lake(str(landed)), span[0] * 1_000_000, span[1] * 1_000_000)
+    con = duckdb_connect(spill)
+    try:
+        t0 = time.perf_counter()
+        con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
+        return time.perf_counter() - t0
+    finally:
+        con.close()
+
+
+def run_duckdb(landed: Path, out: Path, span, spill: Path) -> dict:
+    """:func:`duckdb_copy` into ``out``, its rows fingerprinted as the engine's (then removed)."""
+    import pyarrow.parquet as pq
+
+    from mjoin.engine.compiled import EngineQuery
+    from mjoin.engine.frame import arrow_result_schema
+    from mjoin.engine.results import fingerprint_tables
+    from mjoin.query import load_query
+
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     target = out / "results.parquet"
-    con = duckdb.connect(config={"threads": 2, "memory_limit": "8GB", "temp_directory": str(spill),
-                                 "autoinstall_known_extensions": False, "autoload_known_extensions": False})
     with PeakRSS() as mem:
-        t0 = time.perf_counter()
-        con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
-        wall = time.perf_counter() - t0
-    con.close()
-    schema = arrow_result_schema(EngineQuery.from_query(query))
+        wall = duckdb_copy(landed, span, target, spill)
+    schema = arrow_result_schema(EngineQuery.from_query(load_query(QUERY)))
     pf = pq.ParquetFile(target)
     fp = fingerprint_tables(b.cast(schema) for b in
                             (__import__("pyarrow").Table.from_batches([rb]) for rb in pf.iter_batches(1 << 20)))

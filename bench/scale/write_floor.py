@@ -7,7 +7,7 @@ At sf 10 the dense replay's seed query has ~86 M result rows, and both mjoin (26
 query (18-23 s) spend most of their time making and writing them (docs/engine.md). This measures the floor
 that writing alone sets, in one process on the same landed data as ``bench_scale.py``:
 
-- ``duckdb_query``: the one-shot reference query (``bench_scale.run_duckdb``'s ``COPY (<query>) TO parquet``,
+- ``duckdb_query``: the one-shot reference query (``bench_scale.duckdb_copy``: ``COPY (<query>) TO parquet``,
   2 threads, zstd), once more, its file kept; the rows are then read into memory (not timed) with the engine's
   result column types;
 - ``engine_write``: the engine's writer on those rows with nothing else to do: the rows cut into files of
@@ -38,24 +38,11 @@ import bench_scale as B  # noqa: E402  (puts include/ and tests/ on sys.path)
 
 
 def duckdb_query(landed: Path, span, out: Path, spill: Path) -> tuple[float, Path]:
-    """The reference query into ``out/results.parquet`` (kept); its wall time."""
-    import duckdb
-
-    from engine_helpers import reference_sql
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
-
-    sql = reference_sql(load_query(B.QUERY), Lake(str(landed)), span[0] * 1_000_000, span[1] * 1_000_000)
+    """The reference query into ``out/results.parquet`` (kept): its wall time and the file."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     target = out / "results.parquet"
-    con = duckdb.connect(config={"threads": 2, "memory_limit": "8GB", "temp_directory": str(spill),
-                                 "autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    t0 = time.perf_counter()
-    con.execute(f"COPY ({sql}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
-    wall = time.perf_counter() - t0
-    con.close()
-    return wall, target
+    return B.duckdb_copy(landed, span, target, spill), target
 
 
 def engine_write(rows, out: Path, threads: int = 2) -> float:
@@ -80,12 +67,9 @@ def engine_write(rows, out: Path, threads: int = 2) -> float:
 
 def duckdb_write(rows, out: Path, spill: Path) -> float:
     """DuckDB writing the in-memory ``rows`` as Parquet (zstd, 2 threads)."""
-    import duckdb
-
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    con = duckdb.connect(config={"threads": 2, "memory_limit": "8GB", "temp_directory": str(spill),
-                                 "autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con = B.duckdb_connect(spill)
     con.register("rows", rows)
     t0 = time.perf_counter()
     con.execute(f"COPY (SELECT * FROM rows) TO '{out / 'results.parquet'}' (FORMAT parquet, COMPRESSION zstd)")
