@@ -700,17 +700,19 @@ def peer_case(args, label, workload: Path, query, plan, work: Path) -> dict:
         reps = args.peer_reps if name != "spark-native" else max(1, args.native_reps)
         job = {"query": qname_or_path(query), "lake": str(workload), "start": start, "end": end, "reps": reps,
                "plan": str(plan_path), "out": str(work / name), **opts}
-        doc["systems"][name] = _peer_summary(_subprocess_peer(job, work / f"{name}.json"), doc["input_tuples"])
+        doc["systems"][name] = _peer_summary(_subprocess_peer(job, work / f"{name}.json", args.peer_timeout),
+                                             doc["input_tuples"])
     job = {"engine": "duckdb", "query": qname_or_path(query), "lake": str(workload), "out": str(work / "duckdb"),
            "reps": args.peer_reps}
-    doc["systems"]["duckdb"] = _peer_summary(_subprocess_peer(job, work / "duckdb.json"), doc["input_tuples"])
+    doc["systems"]["duckdb"] = _peer_summary(_subprocess_peer(job, work / "duckdb.json", args.peer_timeout),
+                                             doc["input_tuples"])
     if FLINK_PY.exists() and not args.no_flink:
         for variant in args.flink_variants:
             verify = work / f"flink-{variant}-out"
             shutil.rmtree(verify, ignore_errors=True)
             shutil.rmtree(str(verify) + "-checkpoints", ignore_errors=True)
             job = peers.flink_job(query, copies, variant, verify_to=str(verify), repeats=args.peer_reps)
-            res = _flink(job, work / f"flink-{variant}.json")
+            res = _flink(job, work / f"flink-{variant}.json", args.peer_timeout)
             if "error" not in res:
                 rows = peers.read_csv_results(str(verify), schema)
                 res["fingerprint"] = peers.fingerprint_table(rows, schema, work / f"flink-{variant}-fp")
@@ -755,51 +757,38 @@ def _peer_summary(res: dict, tuples: int) -> dict:
             "state_tuples": ok[0].get("state_tuples"), "execution": ok[0].get("execution"), "runs": ok}
 
 
-#: seconds a peer's process may run (its warm-up and every repetition) before it is stopped and recorded as not
-#: finished (``--peer-timeout``; None: no limit)
-PEER_TIMEOUT: list = [None]
-
-
-def _run_peer(cmd: list, env: dict | None = None) -> tuple[str, str, float | None]:
-    """(stdout, stderr, None) of ``cmd`` in a session of its own; on :data:`PEER_TIMEOUT` the whole process group
-    (the JVMs it started too) is killed and the limit returned third."""
+def _run_peer(cmd: list, marker: str, timeout: float | None, env: dict | None = None) -> dict:
+    """The result a peer's process prints after ``marker`` (JSON), ``cmd`` run in a session of its own; after
+    ``timeout`` seconds (``--peer-timeout``; None: no limit) the whole process group, the JVMs it started too, is
+    killed and the peer recorded as not finished; ``{"error": ...}`` when it printed no result."""
     import signal
 
-    limit = PEER_TIMEOUT[0]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
     try:
-        out, err = p.communicate(timeout=limit)
-        return out, err, None
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        return out, err, limit
-
-
-def _subprocess_peer(job: dict, path: Path) -> dict:
-    path.write_text(json.dumps(job))
-    out, err, timed_out = _run_peer([sys.executable, __file__, "--peer-job", str(path)],
-                                    env={**os.environ, "PYTHONPATH": str(PROJECT / "include")})
-    line = [x for x in out.splitlines() if x.startswith("PEER_RESULT ")]
-    if timed_out:
-        return {"error": f"did not finish within {timed_out:g} s (stopped)", "timeout_seconds": timed_out}
+        p.communicate()
+        return {"error": f"did not finish within {timeout:g} s (stopped)", "timeout_seconds": timeout}
+    line = [x for x in out.splitlines() if x.startswith(marker + " ")]
     if not line:
         return {"error": (err or out)[-3000:]}
     return json.loads(line[-1].split(" ", 1)[1])
 
 
-def _flink(job: dict, path: Path) -> dict:
+def _subprocess_peer(job: dict, path: Path, timeout: float | None = None) -> dict:
+    path.write_text(json.dumps(job))
+    return _run_peer([sys.executable, __file__, "--peer-job", str(path)], "PEER_RESULT", timeout,
+                     env={**os.environ, "PYTHONPATH": str(PROJECT / "include")})
+
+
+def _flink(job: dict, path: Path, timeout: float | None = None) -> dict:
     path.write_text(json.dumps(job))
     t = time.perf_counter()
-    out, err, timed_out = _run_peer([str(FLINK_PY), str(HERE / "flink_job.py"), str(path)])
-    if timed_out:
-        return {"error": f"did not finish within {timed_out:g} s (stopped)", "timeout_seconds": timed_out}
-    line = [x for x in out.splitlines() if x.startswith("FLINK_JOB_RESULT ")]
-    if not line:
-        return {"error": (err or out)[-3000:]}
-    res = json.loads(line[-1].split(" ", 1)[1])
-    res["process_seconds"] = time.perf_counter() - t
+    res = _run_peer([str(FLINK_PY), str(HERE / "flink_job.py"), str(path)], "FLINK_JOB_RESULT", timeout)
+    if "error" not in res:
+        res["process_seconds"] = time.perf_counter() - t
     return res
 
 
@@ -1051,7 +1040,6 @@ def main(argv=None) -> int:
     args.drift_rate = args.drift_rate or (20.0 if q else 50.0)
     args.drift_domain = args.drift_domain or (200 if q else 1000)
     args.peer_reps = args.peer_reps or (1 if q else 3)
-    PEER_TIMEOUT[0] = args.peer_timeout
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("py4j", "mjoin.engine.interval", "mjoin.engine.batch", "mjoin.stats", "great_expectations",
                  "mjoin.forecast"):
