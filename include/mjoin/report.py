@@ -142,9 +142,11 @@ def _plot_changes(table, out) -> str | None:
     return "plan_changes.png"
 
 
-def _table_html(rows, columns) -> str:
+def html_table(rows, columns, fmt=None) -> str:
+    """An HTML table of ``rows`` (dicts) over ``columns``, each cell ``fmt(value)`` escaped (the report's and the UI's)."""
+    fmt = fmt or _fmt
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -169,12 +171,12 @@ def _html(result, table, plots) -> str:
              "model is a model); regret_estimated = cost minus the oracle's under the interval's own "
              "statistics (never negative).</p>",
              "<h2>Summary</h2>",
-             _table_html(result.summary, ["initial_order", "strategy", "intervals", "probe_work", "regret_work",
+             html_table(result.summary, ["initial_order", "strategy", "intervals", "probe_work", "regret_work",
                                           "regret_estimated", "lookups", "matches", "probe_seconds", "batch_seconds", "plan_changes"])]
     for p in plots:
         parts.append(f'<h2>{html.escape(p[:-4].replace("_", " "))}</h2><img src="{p}" style="max-width:100%">')
     if len(table):
-        parts.append("<h2>Per interval</h2>" + _table_html(table.to_dict("records"), [
+        parts.append("<h2>Per interval</h2>" + html_table(table.to_dict("records"), [
             "interval", "interval_start", "initial_order", "strategy", "plan_id", "probe_work", "batch_seconds",
             "estimated_cost_forecast", "estimated_cost_oracle", "result_rows", "note", "orders"]))
     style = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;margin:0.5em 0 1.5em}"

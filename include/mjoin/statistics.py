@@ -204,7 +204,7 @@ class Statistics:
     def save(self, path) -> Path:
         from .fsutil import atomic_write_text
 
-        atomic_write_text(path, json.dumps(self.to_json(), indent=2, default=_json_default, allow_nan=True))
+        atomic_write_text(path, json.dumps(self.to_json(), indent=2, default=json_default, allow_nan=True))
         return Path(path)
 
     @classmethod
@@ -321,7 +321,8 @@ def _cycle_key(v):
         return str(v)
 
 
-def _json_default(o):
+def json_default(o):
+    """``json.dumps``' ``default``: datetimes as ISO strings, numpy scalars as Python values."""
     if hasattr(o, "isoformat"):
         return iso(o)
     if hasattr(o, "item"):

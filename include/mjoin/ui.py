@@ -16,6 +16,7 @@ import re
 from . import fsutil
 from .lake import Lake
 from .registry import PlanRegistry
+from .report import html_table
 
 OUTCOME = "outcome.json"
 
@@ -113,9 +114,7 @@ def report_file(query: str, name: str, lake: Lake | None = None) -> str | None:
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return html_table(rows, columns, _fmt)
 
 
 def _fmt(v) -> str:

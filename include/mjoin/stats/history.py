@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from .. import fsutil
-from ..statistics import ROW_COLUMNS, Statistics, StatisticsError
+from ..statistics import ROW_COLUMNS, Statistics, StatisticsError, json_default
 from ..timeutil import iso, parse_time, to_epoch
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def _write_one(qd: str, epoch: int, rows: pa.Table, meta: dict | None, histogram
     if histogram is not None:
         _write_dir_atomically(fsutil.join(qd, HISTOGRAM_DIR, cycle_name(epoch)), {PART_FILE: histogram})
     files = {PART_FILE: rows,
-             META_FILE: json.dumps(meta or {}, indent=1, default=_json_default, allow_nan=False).encode()}
+             META_FILE: json.dumps(meta or {}, indent=1, default=json_default, allow_nan=False).encode()}
     final = fsutil.join(qd, cycle_name(epoch))
     _write_dir_atomically(final, files)
     return final
@@ -286,7 +286,7 @@ def read_cells(root, query_name: str | None, kind: str, start=None, end=None) ->
 def write_run_summary(root, query_name: str, summary: dict) -> str:
     path = fsutil.join(query_dir(root, query_name), RUNS_DIR,
                        f"{int(to_epoch(summary['start']))}-{int(to_epoch(summary['end']))}.json")
-    fsutil.atomic_write_text(path, json.dumps(summary, indent=1, default=_json_default))
+    fsutil.atomic_write_text(path, json.dumps(summary, indent=1, default=json_default))
     return path
 
 
@@ -408,11 +408,3 @@ def _records(df: pd.DataFrame) -> list[dict]:
     for rec in df.to_dict("records"):
         out.append({k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in rec.items()})
     return out
-
-
-def _json_default(o):
-    if hasattr(o, "isoformat"):
-        return iso(o)
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
