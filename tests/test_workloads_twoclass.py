@@ -125,6 +125,7 @@ def test_key2_is_drawn_with_nulls(tmp_path):
 @pytest.mark.parametrize("doc, field", [
     ({"keys": {"s0": ["key", "key2"]}}, "keys"),  # only s0 joins on key2
     ({"keys": {"s0": ["key2"], "s1": ["key2"]}}, "keys"),  # no stream carries both
+    ({"keys": {"s0": ["key", "key2"], "s1": ["key", "key2"]}}, "keys"),  # a composite key between s0 and s1
     ({"keys": {"s0": ["key", "key3"], "s1": ["key2"]}}, "keys.s0"),
     ({"keys": {"s9": ["key2"]}}, "keys.s9"),
     ({"keys": {"s0": ["key", "key2"], "s2": ["key2"]}, "streams": {"s1": {"key2_domain": 5}}}, "streams.s1.key2_domain"),

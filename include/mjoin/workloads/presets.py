@@ -187,8 +187,10 @@ def _hot_burst(n: int) -> dict:
 def _two_class_base(n: int, hot: str, description: str) -> dict:
     """``s0`` the hub (``key`` and ``key2`` over d), ``s1`` on ``key``, ``s2..`` on ``key2``; ``hot`` the hot stream
     (4x the hub's rate, its join key over 2d), every other stream a sparse filter; the rates' mean is the base rate.
-    With 2 streams ``s1`` carries both keys too (one pair joined on two classes)."""
+    With 2 streams there is no second class (a pair joined on two keys is a composite key, which the query
+    format does not have): the preset is one class on ``key``."""
     norm = n / (1.0 + _HOT + (n - 2) * _FILTER)
+    hot = hot if int(hot[1:]) < n else f"s{n - 1}"
     streams = {"s0": {"rate": f"{norm:.12g}x", "domain": "1d", "key2_domain": "1d"}}
     for i in range(1, n):
         s = f"s{i}"
@@ -197,9 +199,10 @@ def _two_class_base(n: int, hot: str, description: str) -> dict:
                       {"rate": f"{_FILTER * norm:.12g}x", dom: "1d"})
     keys = {"s0": ["key", "key2"], **{f"s{i}": ["key2"] for i in range(2, n)}}
     if n == 2:
-        keys["s1"] = ["key", "key2"]
+        keys = {}
+        del streams["s0"]["key2_domain"]
     return {"description": description, "defaults": {"zipf": 0.0, "offset": 0, "shift": 0, "null_rate": 0.0},
-            "keys": keys, "streams": streams, "events": [], "_norm": norm}
+            **({"keys": keys} if keys else {}), "streams": streams, "events": [], "_norm": norm}
 
 
 def _role_steps(at: str, stream: str, role: str, norm: float) -> list:

@@ -53,7 +53,8 @@ domain) and its own steps and ramps (``param: key2_domain``)::
 
 The generated query joins the streams that list ``key`` on ``key`` and those that list ``key2``
 on ``key2`` (synthetic.py): two classes when both have members. Each used key needs two
-streams and some stream must carry both (else the join graph falls apart). ``key2_*``
+streams and exactly one stream carries both (none: the join graph falls apart; two: they would be
+joined on a composite key, which the query format does not have). ``key2_*``
 parameters are only allowed on streams that carry ``key2``. Every stream still carries the
 ``key`` column (drawn as before); ``key2`` is drawn from its own random stream, so a schedule
 without ``keys`` generates exactly what it did before the second key existed.
@@ -381,6 +382,10 @@ def _keys(doc, names: tuple) -> tuple:
         members = [s for s, cols in resolved if k in cols]
         if len(members) == 1:
             raise ScheduleError(f"only {members[0]} joins on {k}: a key column needs two streams", "keys")
+    both = [s for s, cols in resolved if len(cols) == 2]
+    if len(both) > 1:
+        raise ScheduleError(f"{both[0]} and {both[1]} both carry {KEY} and {KEY2}: a pair joined on two keys is a "
+                            "composite key, which queries do not have", "keys")
     if all(len(cols) == 1 for _, cols in resolved) and len({cols for _, cols in resolved}) > 1:
         raise ScheduleError(f"no stream carries both {KEY} and {KEY2}: the two classes would not be joined", "keys")
     return resolved if any(KEY2 in cols for _, cols in resolved) else ()
