@@ -65,10 +65,11 @@ STRATEGIES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick
 BASELINES = ("fixed", "selectivity_first", "greedy", "dppick_query", "dppick_match", "dppick_nosmooth")
 SEED, TWO_CLASS = "tpcds_returns_by_address", "tpcds_returns_by_customer_and_address"
 DRIFT_PRESETS = ("stationary", "rate-swap", "match-drift", "skew-drift", "burst", "mixed", "hot-rotate", "hot-ramp",
-                 "hot-burst")
+                 "hot-burst", "twoclass-step", "twoclass-burst")
 #: The presets where the order decides the work (a hot stream, sparse filters) run at this multiple of the base rate
 #: (their rates' mean): the fan-out into the hot stream, not the per-call overhead, must dominate the chains.
-DRIFT_RATE_FACTOR = {"hot-rotate": 10.0, "hot-ramp": 10.0, "hot-burst": 10.0}
+DRIFT_RATE_FACTOR = {"hot-rotate": 10.0, "hot-ramp": 10.0, "hot-burst": 10.0, "twoclass-step": 10.0,
+                     "twoclass-burst": 10.0}
 MEASURES = ("cpu", "chain_cpu", "wall", "work")  # composed task CPU, its chains' part, engine time, lookups + matches
 
 

@@ -173,6 +173,73 @@ def _hot_burst(n: int) -> dict:
     return doc
 
 
+# ---- two attribute classes: the order decides how many partial results are materialised ------------------------
+#
+# ``s0`` (the hub) carries ``key`` and ``key2``; ``s1`` joins it on ``key``, ``s2..`` join it (and each other) on
+# ``key2``: the TPC-DS two-class query's shape (cu = s0 links sr = s1 on one class with wr, cr = s2, s3 on the other).
+# A lookup that changes class cannot share the partial results' one key: the engine materialises them and looks
+# each one up (rho = mu in the cost model), so a hot stream fetched *before* a class change multiplies the lookups
+# after it. The roles are the hot presets' (a hot stream at 4x the hub's rate over a key domain of 2d, sparse
+# filters at 1/800 of it over d); which class holds the hot stream and which the filters drifts, so the best order
+# crosses classes early (filter first, then the other class) or late.
+
+
+def _two_class_base(n: int, hot: str, description: str) -> dict:
+    """``s0`` the hub (``key`` and ``key2`` over d), ``s1`` on ``key``, ``s2..`` on ``key2``; ``hot`` the hot stream
+    (4x the hub's rate, its join key over 2d), every other stream a sparse filter; the rates' mean is the base rate.
+    With 2 streams there is no second class (a pair joined on two keys is a composite key, which the query
+    format does not have): the preset is one class on ``key``."""
+    norm = n / (1.0 + _HOT + (n - 2) * _FILTER)
+    hot = hot if int(hot[1:]) < n else f"s{n - 1}"
+    streams = {"s0": {"rate": f"{norm:.12g}x", "domain": "1d", "key2_domain": "1d"}}
+    for i in range(1, n):
+        s = f"s{i}"
+        dom = "domain" if i == 1 else "key2_domain"
+        streams[s] = ({"rate": f"{_HOT * norm:.12g}x", dom: "2d"} if s == hot else
+                      {"rate": f"{_FILTER * norm:.12g}x", dom: "1d"})
+    keys = {"s0": ["key", "key2"], **{f"s{i}": ["key2"] for i in range(2, n)}}
+    if n == 2:
+        keys = {}
+        del streams["s0"]["key2_domain"]
+    return {"description": description, "defaults": {"zipf": 0.0, "offset": 0, "shift": 0, "null_rate": 0.0},
+            **({"keys": keys} if keys else {}), "streams": streams, "events": [], "_norm": norm}
+
+
+def _role_steps(at: str, stream: str, role: str, norm: float) -> list:
+    """Steps that make ``stream`` hot (rate 4x the hub's, its join key over 2d) or a filter (1/800, over d)."""
+    dom = "domain" if stream == "s1" else "key2_domain"
+    rate, width = (_HOT * norm, "2d") if role == "hot" else (_FILTER * norm, "1d")
+    return [{"type": "step", "at": at, "stream": stream, "param": "rate", "value": f"{rate:.12g}x"},
+            {"type": "step", "at": at, "stream": stream, "param": dom, "value": width}]
+
+
+def _two_class_step(n: int) -> dict:
+    """Steps across classes: s1 (on key) hot and the key2 streams filters until 40%, s1 a filter from then on and s2
+    (on key2) hot from 60%: the hub's best order crosses classes late (key2 filters first, s1 last), then early (s1
+    first). The gap keeps the two hot streams out of each other's windows (up to 20% of the duration): while both
+    are dense an order crossing between them materialises mu_1 x mu_2 partial results per tuple (a first version
+    stepped both at 50%; one fixed order's batch at the step took 30 s of task CPU)."""
+    doc = _two_class_base(n, "s1", "")
+    norm = doc.pop("_norm")
+    doc["events"] = _role_steps("40%", "s1", "filter", norm) + (_role_steps("60%", "s2", "hot", norm) if n > 2 else [])
+    doc["description"] = ("two classes (s0 on key and key2, s1 on key, s2.. on key2): s1 hot over 2d and the key2 "
+                          "streams sparse filters until 40%, then s1 a filter, and s2 hot over 2d from 60%")
+    return doc
+
+
+def _two_class_burst(n: int) -> dict:
+    """Bursts across classes: s2 (on key2) hot, s1 (on key) and s3.. sparse filters; s1 bursts x100 on 30-45% (the
+    filter on key stops filtering: cross to key2's filter first), s3 on 60-75% (the other way round)."""
+    doc = _two_class_base(n, "s2", "")
+    doc.pop("_norm")
+    doc["events"] = [{"type": "burst", "from": "30%", "to": "45%", "stream": "s1", "factor": 100}]
+    if n > 3:
+        doc["events"].append({"type": "burst", "from": "60%", "to": "75%", "stream": "s3", "factor": 100})
+    doc["description"] = ("two classes (s0 on key and key2, s1 on key, s2.. on key2): s2 hot over 2d, s1 and s3.. "
+                          "sparse filters; s1 bursts x100 on 30-45%, s3 on 60-75%: each stops filtering")
+    return doc
+
+
 PRESETS = {
     "stationary": _stationary,
     "rate-swap": _rate_swap,
@@ -184,6 +251,8 @@ PRESETS = {
     "hot-rotate": _hot_rotate,
     "hot-ramp": _hot_ramp,
     "hot-burst": _hot_burst,
+    "twoclass-step": _two_class_step,
+    "twoclass-burst": _two_class_burst,
 }
 
 

@@ -37,6 +37,27 @@ workload's duration. ``step`` sets a value from ``at`` on; ``ramp`` moves it
 linearly from its value at ``from`` to ``value`` at ``to``; ``burst`` multiplies
 the rate by ``factor`` on ``[from, to)`` (bursts multiply; steps and ramps of one
 stream's parameter may not overlap). ``stream`` is a name, a list, or ``all``.
+
+Two attribute classes (optional): ``keys`` names the join-key columns of each stream, ``key``
+(the default: every stream joins on ``key``, one class) and/or ``key2``, a second key column
+with its own parameters ``key2_zipf``, ``key2_domain``, ``key2_offset``, ``key2_shift``,
+``key2_null_rate`` (same meaning and suffixes as the first key's; each defaults to the
+document's ``defaults`` value of the first key's parameter, e.g. ``key2_domain`` to the base
+domain) and its own steps and ramps (``param: key2_domain``)::
+
+    keys: {s0: [key, key2], s2: [key2], s3: [key2]}      # s1 (not listed): [key]
+    streams:
+      s2: {key2_domain: 2d}
+    events:
+      - {type: step, at: 50%, stream: s2, param: key2_domain, value: 1d}
+
+The generated query joins the streams that list ``key`` on ``key`` and those that list ``key2``
+on ``key2`` (synthetic.py): two classes when both have members. Each used key needs two
+streams and exactly one stream carries both (none: the join graph falls apart; two: they would be
+joined on a composite key, which the query format does not have). ``key2_*``
+parameters are only allowed on streams that carry ``key2``. Every stream still carries the
+``key`` column (drawn as before); ``key2`` is drawn from its own random stream, so a schedule
+without ``keys`` generates exactly what it did before the second key existed.
 """
 from __future__ import annotations
 
@@ -64,6 +85,10 @@ PARAMS = {
     "hot": (1, 1, 65536, True),
     "contrast": (1.0, 1.0, 1e12, False),
 }
+#: The second key column (two attribute classes) and its parameters: the first key's, prefixed.
+KEY, KEY2 = "key", "key2"
+KEY2_PARAMS = {f"{KEY2}_{p}": PARAMS[p] for p in ("zipf", "domain", "offset", "shift", "null_rate")}
+ALL_PARAMS = {**PARAMS, **KEY2_PARAMS}
 EVENT_TYPES = ("step", "ramp", "burst")
 #: Zipf exponents are quantized to this step so sampling can share one CDF per (exponent, domain).
 ZIPF_STEP = 0.01
@@ -104,6 +129,16 @@ class Schedule:
     description: str = ""
     base_rate: float = PARAMS["rate"][0]
     base_domain: int = PARAMS["domain"][0]
+    keys: tuple = ()  # ((stream, (key columns)), ...) for every stream; () = every stream joins on key alone
+
+    def stream_keys(self, stream: str) -> tuple:
+        """The join-key columns of ``stream``: ``("key",)`` unless the schedule's ``keys`` says otherwise."""
+        return dict(self.keys).get(stream, (KEY,))
+
+    @property
+    def two_class(self) -> bool:
+        """Whether some stream joins on ``key2`` (the query then has a second attribute class)."""
+        return any(KEY2 in k for _, k in self.keys)
 
     def value(self, stream: str, param: str, t) -> np.ndarray:
         """The parameter of ``stream`` at times ``t`` (seconds from start), steps and ramps applied."""
@@ -118,7 +153,7 @@ class Schedule:
                 frac = np.clip((t - e.start) / (e.end - e.start), 0.0, 1.0)
                 out = np.where(t >= e.start, current + (e.value - current) * frac, out)
             current = float(e.value)
-        if PARAMS[param][3]:
+        if ALL_PARAMS[param][3]:
             out = np.round(out)
         return out
 
@@ -132,11 +167,15 @@ class Schedule:
         return out
 
     def to_dict(self) -> dict:
-        """The resolved schedule (absolute values, times in seconds), as stored in the manifest."""
-        return {"name": self.name, "description": self.description, "duration": self.duration,
-                "base_rate": self.base_rate, "base_domain": self.base_domain,
-                "streams": {s: dict(self.base[s]) for s in self.stream_names},
-                "events": [e.to_dict() for e in self.events]}
+        """The resolved schedule (absolute values, times in seconds), as stored in the manifest (``keys`` only
+        for two classes, so one-class manifests are as before)."""
+        doc = {"name": self.name, "description": self.description, "duration": self.duration,
+               "base_rate": self.base_rate, "base_domain": self.base_domain,
+               "streams": {s: dict(self.base[s]) for s in self.stream_names},
+               "events": [e.to_dict() for e in self.events]}
+        if self.two_class:
+            doc["keys"] = {s: list(self.stream_keys(s)) for s in self.stream_names}
+        return doc
 
 
 # ---- parsing -------------------------------------------------------------------------
@@ -154,14 +193,15 @@ def _number(value, field: str) -> float:
 
 
 def _param_value(param: str, value, field: str, base_rate: float, base_domain: int) -> float:
-    _, lo, hi, integral = PARAMS[param]
+    _, lo, hi, integral = ALL_PARAMS[param]
     m = _REL.match(str(value)) if isinstance(value, str) else None
     if m:
         k, unit = float(m.group(1)), m.group(2)
         if unit == "x" and param != "rate":
             raise ScheduleError(f"{value!r}: the 'x' suffix (times the base rate) only applies to rate", field)
-        if unit == "d" and param not in ("domain", "offset", "shift"):
-            raise ScheduleError(f"{value!r}: the 'd' suffix (times the base domain) only applies to domain, offset, shift", field)
+        if unit == "d" and param.removeprefix(f"{KEY2}_") not in ("domain", "offset", "shift"):
+            raise ScheduleError(f"{value!r}: the 'd' suffix (times the base domain) only applies to domain, offset, "
+                                "shift (and their key2_ forms)", field)
         x = k * (base_rate if unit == "x" else base_domain)
     else:
         x = _number(value, field)
@@ -193,8 +233,8 @@ def _params(doc, field: str, base_rate, base_domain) -> dict:
         raise ScheduleError("must map parameter names to values", field)
     out = {}
     for k, v in doc.items():
-        if k not in PARAMS:
-            raise ScheduleError(f"unknown parameter {k!r} (use {', '.join(PARAMS)})", f"{field}.{k}")
+        if k not in ALL_PARAMS:
+            raise ScheduleError(f"unknown parameter {k!r} (use {', '.join(ALL_PARAMS)})", f"{field}.{k}")
         out[k] = _param_value(k, v, f"{field}.{k}", base_rate, base_domain)
     return out
 
@@ -246,8 +286,8 @@ def _event(e, i: int, names: tuple, duration: float, base_rate, base_domain) -> 
             raise ScheduleError(f"{e['factor']!r} must be >= 0", f"{field}.factor")
         return Event("burst", streams, start, end, factor=factor)
     param = e["param"]
-    if param not in PARAMS:
-        raise ScheduleError(f"unknown parameter {param!r} (use {', '.join(PARAMS)})", f"{field}.param")
+    if param not in ALL_PARAMS:
+        raise ScheduleError(f"unknown parameter {param!r} (use {', '.join(ALL_PARAMS)})", f"{field}.param")
     value = _param_value(param, e["value"], f"{field}.value", base_rate, base_domain)
     return Event(kind, streams, start, end, param=param, value=value)
 
@@ -265,7 +305,7 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
     """
     if not isinstance(doc, dict):
         raise ScheduleError("must be a mapping with defaults, streams and events", "schedule")
-    unknown = set(doc) - {"name", "description", "defaults", "streams", "events"}
+    unknown = set(doc) - {"name", "description", "defaults", "streams", "events", "keys"}
     if unknown:
         raise ScheduleError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}", "schedule")
     _check_streams(streams)
@@ -279,8 +319,11 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
     base_domain = int(_param_value("domain", domain if domain is not None else raw_defaults.get("domain", PARAMS["domain"][0]),
                                    "--domain" if domain is not None else "defaults.domain", base_rate, PARAMS["domain"][0]))
     defaults = {p: spec[0] for p, spec in PARAMS.items()}
-    defaults.update(_params(raw_defaults, "defaults", base_rate, base_domain))
+    given = _params(raw_defaults, "defaults", base_rate, base_domain)
+    defaults.update({p: v for p, v in given.items() if p in PARAMS})
     defaults["rate"], defaults["domain"] = base_rate, float(base_domain)
+    keys = _keys(doc.get("keys"), names)
+    defaults2 = {p: given.get(p, defaults[p.removeprefix(f"{KEY2}_")]) for p in KEY2_PARAMS}
     per_stream = doc.get("streams") or {}
     if not isinstance(per_stream, dict):
         raise ScheduleError("must map stream names to parameter overrides", "streams")
@@ -289,11 +332,20 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
         if s not in names:
             raise ScheduleError(f"unknown stream {s!r} (streams: {', '.join(names)})", f"streams.{s}")
     for s in names:
-        base[s] = {**defaults, **_params(per_stream.get(s), f"streams.{s}", base_rate, base_domain)}
+        own = _params(per_stream.get(s), f"streams.{s}", base_rate, base_domain)
+        carries2 = KEY2 in dict(keys).get(s, (KEY,))
+        if not carries2 and set(own) & set(KEY2_PARAMS):
+            raise ScheduleError(f"{s} has no {KEY2} (list it in keys to give it one)",
+                                f"streams.{s}.{sorted(set(own) & set(KEY2_PARAMS))[0]}")
+        base[s] = {**defaults, **(defaults2 if carries2 else {}), **own}
     raw_events = doc.get("events") or []
     if not isinstance(raw_events, list):
         raise ScheduleError("must be a list of step, ramp and burst events", "events")
     events = tuple(_event(e, i, names, duration, base_rate, base_domain) for i, e in enumerate(raw_events))
+    for i, e in enumerate(events):
+        bare = [s for s in e.streams if e.param in KEY2_PARAMS and KEY2 not in dict(keys).get(s, (KEY,))]
+        if bare:
+            raise ScheduleError(f"{bare[0]} has no {KEY2} (list it in keys to give it one)", f"events[{i}].param")
     # steps and ramps of one (stream, parameter) must not overlap: "the value before the ramp" must be defined
     spans: dict = {}
     for i, e in enumerate(events):
@@ -306,7 +358,37 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
             spans.setdefault((s, e.param), []).append((i, (e.start, e.end)))
     return Schedule(name=str(name or doc.get("name") or "custom"), stream_names=names, duration=duration, base=base,
                     events=events, description=str(doc.get("description") or ""), base_rate=base_rate,
-                    base_domain=base_domain)
+                    base_domain=base_domain, keys=keys)
+
+
+def _keys(doc, names: tuple) -> tuple:
+    """The ``keys`` field resolved for every stream (``()`` when absent: one class on ``key``); each used key
+    column joins at least two streams and, with two classes, some stream carries both (a connected join)."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, dict):
+        raise ScheduleError(f"must map stream names to lists of key columns ({KEY}, {KEY2})", "keys")
+    out = {}
+    for s, cols in doc.items():
+        if s not in names:
+            raise ScheduleError(f"unknown stream {s!r} (streams: {', '.join(names)})", f"keys.{s}")
+        items = [cols] if isinstance(cols, str) else cols
+        if (not isinstance(items, list) or not items or len(set(items)) != len(items)
+                or not set(items) <= {KEY, KEY2}):
+            raise ScheduleError(f"{cols!r} is not a list of distinct key columns ({KEY}, {KEY2})", f"keys.{s}")
+        out[s] = tuple(k for k in (KEY, KEY2) if k in items)
+    resolved = tuple((s, out.get(s, (KEY,))) for s in names)
+    for k in (KEY, KEY2):
+        members = [s for s, cols in resolved if k in cols]
+        if len(members) == 1:
+            raise ScheduleError(f"only {members[0]} joins on {k}: a key column needs two streams", "keys")
+    both = [s for s, cols in resolved if len(cols) == 2]
+    if len(both) > 1:
+        raise ScheduleError(f"{both[0]} and {both[1]} both carry {KEY} and {KEY2}: a pair joined on two keys is a "
+                            "composite key, which queries do not have", "keys")
+    if all(len(cols) == 1 for _, cols in resolved) and len({cols for _, cols in resolved}) > 1:
+        raise ScheduleError(f"no stream carries both {KEY} and {KEY2}: the two classes would not be joined", "keys")
+    return resolved if any(KEY2 in cols for _, cols in resolved) else ()
 
 
 def load_schedule(ref, *, streams: int, duration, rate=None, domain=None) -> Schedule:
