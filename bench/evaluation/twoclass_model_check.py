@@ -5,11 +5,16 @@ statistics history and the engine metrics of the 6 covering fixed orders) and, p
 probe order, compares the model's cost on the batch's own measured statistics (what the oracle optimizes) with
 the engine's measured lookups + matches of that stream's chain. No Spark: numpy and the history's parquet.
 
-Two versions of the model are compared:
+Versions of the model compared:
 
-- ``last_mu``: ``rho_k = u_k`` at a class change (the model up to commit 456a6b1, re-implemented here);
-- ``package``: ``mjoin.cost.order_cost`` as installed (after the fix: the product of ``u`` over the run of
-  same-class steps before the class change, i.e. every partial result the factorised run materialises).
+- ``last_mu``: ``rho_k = u_k`` at a class change (the model in ``mjoin.cost``, re-implemented here);
+- ``package``: ``mjoin.cost.order_cost`` as installed (a check: equal to ``last_mu`` on this tree);
+- ``run_product``: ``rho_k`` the product of ``u`` over the run of same-class steps before the class change, i.e.
+  every partial result the factorised run materialises (the fix prototyped on branch ``h38-twoclass-model``,
+  commit 9b5b1d3, not merged: its exact DP for several classes is far slower, bench/evaluation/README.md);
+- ``max_gamma`` (an experiment, not a model): ``run_product`` with the lookup's representative edge the class-``c``
+  edge with the *highest* gamma instead of the lowest (what the remaining misprice, s0 looked up from
+  ``{s2, s3}``, points at).
 
 For each, per (batch, stream): Spearman of the model's cost against the measured work over the stream's valid
 orders, and the measured work of the order the model picks (argmin of the calibrated model, as exact/the oracle),
@@ -60,6 +65,42 @@ def cost_last_mu(problem: JoinProblem, model: CostModel, start: int, pairs) -> f
     return cost
 
 
+def cost_run_product(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
+    """Eq. 8 with ``rho_k`` the product of ``u`` over the run of same-class steps ending at ``k`` (a class change
+    after ``k``), on the affine form ``C(o_k; m) = A_k + m B_k`` (``m``: partial results per key the run carries)."""
+    mask = 1 << start
+    steps = []
+    for l, r in pairs:
+        c = int(problem.cls[l, r])
+        g, u, phi = problem.step_terms(mask, r, c)
+        steps.append((float(model.query_cost(problem.kappa[r])), g, u, phi, c))
+        mask |= 1 << r
+    a = b = 0.0
+    nxt = None
+    for q, g, u, phi, c in reversed(steps):
+        if nxt is None or nxt == c:  # the run goes on (or the order ends): its lookups stay factorised
+            a, b = q + g * (model.alpha_m * u + phi * a), g * phi * u * b
+        else:  # a class change after this step: every partial result of the run looks its own key up
+            a, b = q + g * model.alpha_m * u, g * phi * u * (a + b)
+        nxt = c
+    return a + b
+
+
+def cost_max_gamma(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
+    """``cost_run_product`` with the representative edge of a lookup the highest-gamma one (ties: lowest mu)."""
+
+    class MaxGamma(JoinProblem):
+        def step_terms(self, joined_mask, r, c):
+            g, u, phi = JoinProblem.step_terms(self, joined_mask, r, c)
+            ms = [m for m in self.class_members[c][r] if joined_mask >> m & 1]
+            best = max(ms, key=lambda m: (self.gamma[m, r], -self.mu[m, r]))
+            return float(self.gamma[best, r]), float(self.mu[best, r]), phi
+
+    mg = MaxGamma(problem.names, problem.classes, problem.cls, problem.gamma, problem.mu, problem.lam,
+                  problem.kappa, problem.window, problem.group)
+    return cost_run_product(mg, model, start, pairs)
+
+
 def spearman(a, b) -> float | None:
     a, b = np.asarray(a, float), np.asarray(b, float)
     if len(a) < 3 or np.all(a == a[0]) or np.all(b == b[0]):
@@ -108,7 +149,8 @@ def main(argv=None) -> int:
                     "work": sum(int(st["lookups"]) + int(st["matches"]) for st in c["steps"]), "rows_in": int(c["rows_in"]),
                     "steps": [[st["right"], int(st["lookups"]), int(st["matches"])] for st in c["steps"]]}
     lo, hi = (int(x) for x in args.burst.split("-"))
-    models = {"last_mu": cost_last_mu, "package": order_cost}
+    models = {"last_mu": cost_last_mu, "package": order_cost, "run_product": cost_run_product,
+              "max_gamma": cost_max_gamma}
     rows = []
     for b in range(1, int(run["batches"]) + 1):
         st = snapshot(hist, first + (b - 1) * tau)
