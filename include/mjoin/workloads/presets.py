@@ -106,17 +106,23 @@ _FILTER = 0.00125  # a filter's rate, in source rates
 _HOT = 4.0  # the hot stream's rate, in source rates
 
 
+def _hot_filter_norm(n: int) -> float:
+    """The source's rate in base rates when one stream is hot and ``n - 2`` are filters: the rates' mean is the base
+    rate (as in every preset)."""
+    return n / (1.0 + _HOT + (n - 2) * _FILTER)
+
+
 def _hot_filter_base(n: int, hot: str, description: str) -> dict:
     """``s0`` the source, ``hot`` the hot stream over 2d, every other stream a sparse filter; the rates' mean is the
-    base rate (as in every preset)."""
-    norm = n / (1.0 + _HOT + (n - 2) * _FILTER)
+    base rate (:func:`_hot_filter_norm`)."""
+    norm = _hot_filter_norm(n)
     streams = {"s0": {"rate": f"{norm:.12g}x", "domain": "1d"}}
     for i in range(1, n):
         s = f"s{i}"
         streams[s] = ({"rate": f"{_HOT * norm:.12g}x", "domain": "2d"} if s == hot else
                       {"rate": f"{_FILTER * norm:.12g}x", "domain": "1d"})
     return {"description": description, "defaults": {"zipf": 0.0, "offset": 0, "shift": 0, "null_rate": 0.0},
-            "streams": streams, "events": [], "_norm": norm}
+            "streams": streams, "events": []}
 
 
 def _hot_rotate(n: int) -> dict:
@@ -124,7 +130,7 @@ def _hot_rotate(n: int) -> dict:
     filter over d, the next filter becomes hot over 2d), at 10% + j * 90% / (n - 1)."""
     m = n - 1
     doc = _hot_filter_base(n, "s1", "")
-    norm = doc.pop("_norm")
+    norm = _hot_filter_norm(n)
     hot_rate, filter_rate = f"{_HOT * norm:.12g}x", f"{_FILTER * norm:.12g}x"
     at = [f"{10 + 90 * j / m:.12g}%" for j in range(1, m)]
     for j, t in enumerate(at, start=1):
@@ -142,7 +148,7 @@ def _hot_rotate(n: int) -> dict:
 def _hot_ramp(n: int) -> dict:
     """Ramps in rates: s1 fades from hot to a filter while s2 (over 3d) grows from a filter to hot, 25%-75%."""
     doc = _hot_filter_base(n, "s1", "")
-    norm = doc.pop("_norm")
+    norm = _hot_filter_norm(n)
     hot_rate, filter_rate = f"{_HOT * norm:.12g}x", f"{_FILTER * norm:.12g}x"
     if n > 2:
         doc["streams"]["s2"]["domain"] = "3d"
@@ -159,7 +165,6 @@ def _hot_burst(n: int) -> dict:
     """Bursts in rates: each filter in turn bursts x100 for 10% of the workload (it stops filtering: a lookup into
     it hits and fetches ~mu_hot / 16 tuples), from 30% on, 15% apart."""
     doc = _hot_filter_base(n, "s1", "")
-    doc.pop("_norm")
     spans = []
     for k, i in enumerate(range(2, n)):
         a = 30 + 15 * k
@@ -185,24 +190,18 @@ def _hot_burst(n: int) -> dict:
 
 
 def _two_class_base(n: int, hot: str, description: str) -> dict:
-    """``s0`` the hub (``key`` and ``key2`` over d), ``s1`` on ``key``, ``s2..`` on ``key2``; ``hot`` the hot stream
-    (4x the hub's rate, its join key over 2d), every other stream a sparse filter; the rates' mean is the base rate.
+    """:func:`_hot_filter_base` on two classes: ``s0`` the hub (``key`` and ``key2`` over d), ``s1`` on ``key``,
+    ``s2..`` on ``key2`` (their domain is ``key2_domain``); ``hot`` the hot stream (the last one if there are fewer).
     With 2 streams there is no second class (a pair joined on two keys is a composite key, which the query
     format does not have): the preset is one class on ``key``."""
-    norm = n / (1.0 + _HOT + (n - 2) * _FILTER)
-    hot = hot if int(hot[1:]) < n else f"s{n - 1}"
-    streams = {"s0": {"rate": f"{norm:.12g}x", "domain": "1d", "key2_domain": "1d"}}
-    for i in range(1, n):
-        s = f"s{i}"
-        dom = "domain" if i == 1 else "key2_domain"
-        streams[s] = ({"rate": f"{_HOT * norm:.12g}x", dom: "2d"} if s == hot else
-                      {"rate": f"{_FILTER * norm:.12g}x", dom: "1d"})
-    keys = {"s0": ["key", "key2"], **{f"s{i}": ["key2"] for i in range(2, n)}}
-    if n == 2:
-        keys = {}
-        del streams["s0"]["key2_domain"]
-    return {"description": description, "defaults": {"zipf": 0.0, "offset": 0, "shift": 0, "null_rate": 0.0},
-            **({"keys": keys} if keys else {}), "streams": streams, "events": [], "_norm": norm}
+    doc = _hot_filter_base(n, hot if int(hot[1:]) < n else f"s{n - 1}", description)
+    if n > 2:
+        streams = doc["streams"]
+        streams["s0"]["key2_domain"] = "1d"
+        for i in range(2, n):
+            streams[f"s{i}"]["key2_domain"] = streams[f"s{i}"].pop("domain")
+        doc["keys"] = {"s0": ["key", "key2"], **{f"s{i}": ["key2"] for i in range(2, n)}}
+    return doc
 
 
 def _role_steps(at: str, stream: str, role: str, norm: float) -> list:
@@ -220,7 +219,7 @@ def _two_class_step(n: int) -> dict:
     are dense an order crossing between them materialises mu_1 x mu_2 partial results per tuple (a first version
     stepped both at 50%; one fixed order's batch at the step took 30 s of task CPU)."""
     doc = _two_class_base(n, "s1", "")
-    norm = doc.pop("_norm")
+    norm = _hot_filter_norm(n)
     doc["events"] = _role_steps("40%", "s1", "filter", norm) + (_role_steps("60%", "s2", "hot", norm) if n > 2 else [])
     doc["description"] = ("two classes (s0 on key and key2, s1 on key, s2.. on key2): s1 hot over 2d and the key2 "
                           "streams sparse filters until 40%, then s1 a filter, and s2 hot over 2d from 60%")
@@ -231,7 +230,6 @@ def _two_class_burst(n: int) -> dict:
     """Bursts across classes: s2 (on key2) hot, s1 (on key) and s3.. sparse filters; s1 bursts x100 on 30-45% (the
     filter on key stops filtering: cross to key2's filter first), s3 on 60-75% (the other way round)."""
     doc = _two_class_base(n, "s2", "")
-    doc.pop("_norm")
     doc["events"] = [{"type": "burst", "from": "30%", "to": "45%", "stream": "s1", "factor": 100}]
     if n > 3:
         doc["events"].append({"type": "burst", "from": "60%", "to": "75%", "stream": "s3", "factor": 100})

@@ -323,6 +323,7 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
     defaults.update({p: v for p, v in given.items() if p in PARAMS})
     defaults["rate"], defaults["domain"] = base_rate, float(base_domain)
     keys = _keys(doc.get("keys"), names)
+    carries2 = {s for s, cols in keys if KEY2 in cols}  # the streams with a second key column
     defaults2 = {p: given.get(p, defaults[p.removeprefix(f"{KEY2}_")]) for p in KEY2_PARAMS}
     per_stream = doc.get("streams") or {}
     if not isinstance(per_stream, dict):
@@ -333,17 +334,16 @@ def parse_schedule(doc, *, streams: int, duration, rate=None, domain=None, name:
             raise ScheduleError(f"unknown stream {s!r} (streams: {', '.join(names)})", f"streams.{s}")
     for s in names:
         own = _params(per_stream.get(s), f"streams.{s}", base_rate, base_domain)
-        carries2 = KEY2 in dict(keys).get(s, (KEY,))
-        if not carries2 and set(own) & set(KEY2_PARAMS):
+        if s not in carries2 and set(own) & set(KEY2_PARAMS):
             raise ScheduleError(f"{s} has no {KEY2} (list it in keys to give it one)",
                                 f"streams.{s}.{sorted(set(own) & set(KEY2_PARAMS))[0]}")
-        base[s] = {**defaults, **(defaults2 if carries2 else {}), **own}
+        base[s] = {**defaults, **(defaults2 if s in carries2 else {}), **own}
     raw_events = doc.get("events") or []
     if not isinstance(raw_events, list):
         raise ScheduleError("must be a list of step, ramp and burst events", "events")
     events = tuple(_event(e, i, names, duration, base_rate, base_domain) for i, e in enumerate(raw_events))
     for i, e in enumerate(events):
-        bare = [s for s in e.streams if e.param in KEY2_PARAMS and KEY2 not in dict(keys).get(s, (KEY,))]
+        bare = [s for s in e.streams if e.param in KEY2_PARAMS and s not in carries2]
         if bare:
             raise ScheduleError(f"{bare[0]} has no {KEY2} (list it in keys to give it one)", f"events[{i}].param")
     # steps and ramps of one (stream, parameter) must not overlap: "the value before the ramp" must be defined
