@@ -188,6 +188,18 @@ def reference(query, lake: Lake, start_us=None, end_us=None, exclude_files=None,
         con.close()
 
 
+def synthetic_with_reference(root, start: int, end: int, **generate) -> tuple:
+    """``(lake, query, DuckDB's rows over [start, end))`` of a synthetic workload generated into ``root``
+    (``generate``: :func:`mjoin.workloads.generate_synthetic`'s parameters)."""
+    from mjoin.query import load_query
+    from mjoin.workloads import generate_synthetic
+
+    generate_synthetic(root, **generate)
+    query = load_query(str(root / "query.yaml"))
+    lake = Lake(str(root))
+    return lake, query, reference(query, lake, start * 1_000_000, end * 1_000_000)
+
+
 def multiset(df: pd.DataFrame, columns=None) -> Counter:
     """Rows as a multiset (for result comparison regardless of order)."""
     columns = list(columns or df.columns)

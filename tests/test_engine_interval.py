@@ -7,7 +7,7 @@ from itertools import permutations
 import pyarrow.parquet as pq
 import pytest
 
-from engine_helpers import T0, TPCDS_TABLES, assert_same_results, reference, replay_tpcds
+from engine_helpers import T0, TPCDS_TABLES, assert_same_results, reference, replay_tpcds, synthetic_with_reference
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval
 from mjoin.engine.interval import run_interval_plans
 from mjoin.lake import Lake
@@ -175,14 +175,8 @@ SYN_START, SYN_END, SYN_CYCLE = T0 + 60, T0 + 300, 30  # 8 batches of 30 s after
 def synthetic4(tmp_path_factory):
     """The synthetic workload generator's 4-stream query (rates 0.4-1.6 x 4/s, skewed keys over 400
     values, 1-minute windows): windows span two cycles, so every batch probes state built earlier."""
-    from mjoin.query import load_query
-    from mjoin.workloads import generate_synthetic
-
-    root = tmp_path_factory.mktemp("synthetic4") / "w"
-    generate_synthetic(root, streams=4, duration="5m", rate=4, domain=400, window="1m", cycle="30s", seed=5)
-    query = load_query(str(root / "query.yaml"))
-    lake = Lake(str(root))
-    return lake, query, reference(query, lake, SYN_START * 1_000_000, SYN_END * 1_000_000)
+    return synthetic_with_reference(tmp_path_factory.mktemp("synthetic4") / "w", SYN_START, SYN_END, streams=4,
+                                    duration="5m", rate=4, domain=400, window="1m", cycle="30s", seed=5)
 
 
 def test_synthetic_all_orders_prefilter_on_off_and_native_equal_duckdb(spark, synthetic4, tmp_path):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import T0, assert_same_results, reference
+from engine_helpers import T0, assert_same_results, synthetic_with_reference
 from mjoin.cycle_loop import covering_orders
 from mjoin.engine import EngineConfig, read_metrics, read_results
 from mjoin.engine.interval import run_interval_plans
-from mjoin.lake import Lake
 from mjoin.plan import make_plan, orders_from_permutation
 
 START, END, CYCLE = T0 + 60, T0 + 180, 30  # 4 batches of 30 s after a 1-minute warm-up
@@ -22,14 +21,8 @@ SCHEDULE = {"defaults": {"zipf": 0.5, "domain": 40},
 
 @pytest.fixture(scope="module")
 def two_class_synthetic(tmp_path_factory):
-    from mjoin.query import load_query
-    from mjoin.workloads import generate_synthetic
-
-    root = tmp_path_factory.mktemp("twoclass") / "w"
-    generate_synthetic(root, streams=4, duration="3m", rate=2, window="1m", cycle="30s", seed=7, schedule=SCHEDULE)
-    query = load_query(str(root / "query.yaml"))
-    lake = Lake(str(root))
-    return lake, query, reference(query, lake, START * 1_000_000, END * 1_000_000)
+    return synthetic_with_reference(tmp_path_factory.mktemp("twoclass") / "w", START, END, streams=4, duration="3m",
+                                    rate=2, window="1m", cycle="30s", seed=7, schedule=SCHEDULE)
 
 
 def test_every_order_of_the_two_class_synthetic_query_equals_duckdb(spark, two_class_synthetic, tmp_path):
