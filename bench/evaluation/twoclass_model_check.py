@@ -7,8 +7,8 @@ the engine's measured lookups + matches of that stream's chain. No Spark: numpy 
 
 Versions of the model compared:
 
-- ``last_mu``: ``rho_k = u_k`` at a class change (the model in ``mjoin.cost``, re-implemented here);
-- ``package``: ``mjoin.cost.order_cost`` as installed (a check: equal to ``last_mu`` on this tree);
+- ``last_mu``: ``rho_k = u_k`` at a class change, the model as merged (``mjoin.cost.order_cost``; the oracle's
+  picks, so its picked work is the run's oracle work, a check that the statistics are read as the loop read them);
 - ``run_product``: ``rho_k`` the product of ``u`` over the run of same-class steps before the class change, i.e.
   every partial result the factorised run materialises (the fix prototyped on branch ``h38-twoclass-model``,
   commit 9b5b1d3, not merged: its exact DP for several classes is far slower, bench/evaluation/README.md);
@@ -46,23 +46,6 @@ from mjoin.stats.history import read_history, snapshot  # noqa: E402
 
 #: one unit per lookup and per fetched tuple: the model's cost in the engine's lookups + matches
 WORK = CostModel(alpha_q=1.0, alpha_m=1.0, c=1.0, state="hash", m_slots=None)
-
-
-def cost_last_mu(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
-    """Eq. 8 with ``rho_k = u_k`` at a class change (the model before the fix)."""
-    mask = 1 << start
-    steps = []
-    for l, r in pairs:
-        c = int(problem.cls[l, r])
-        g, u, phi = problem.step_terms(mask, r, c)
-        steps.append((float(model.query_cost(problem.kappa[r])), g, u, phi, c))
-        mask |= 1 << r
-    cost, nxt = 0.0, None
-    for q, g, u, phi, c in reversed(steps):
-        rho = 1.0 if nxt is None or nxt == c else u
-        cost = q + g * (model.alpha_m * u + phi * rho * cost)
-        nxt = c
-    return cost
 
 
 def cost_run_product(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
@@ -149,8 +132,7 @@ def main(argv=None) -> int:
                     "work": sum(int(st["lookups"]) + int(st["matches"]) for st in c["steps"]), "rows_in": int(c["rows_in"]),
                     "steps": [[st["right"], int(st["lookups"]), int(st["matches"])] for st in c["steps"]]}
     lo, hi = (int(x) for x in args.burst.split("-"))
-    models = {"last_mu": cost_last_mu, "package": order_cost, "run_product": cost_run_product,
-              "max_gamma": cost_max_gamma}
+    models = {"last_mu": order_cost, "run_product": cost_run_product, "max_gamma": cost_max_gamma}
     rows = []
     for b in range(1, int(run["batches"]) + 1):
         st = snapshot(hist, first + (b - 1) * tau)
