@@ -1,22 +1,21 @@
 """The hot-stream drift presets (hot-rotate, hot-ramp, hot-burst): the roles they give the streams over time, and
 that on their expected statistics selectivity_first and dppick pick different probe orders (the point of them).
 
-Pure: the schedule and the optimizer only (no Spark). The statistics are the expected ones of uniform keys:
-a probe key uniform over [0, d_l) into a stream with |W_r| tuples uniform over [0, d_r) hits with
-gamma = min(d_l, d_r) / d_l * (1 - exp(-|W_r| / d_r)) and then fetches mu = (|W_r| / d_r) / (1 - exp(-|W_r| / d_r)).
+Pure: the schedule and the optimizer only (no Spark). The statistics are the expected ones of uniform keys
+(tests/preset_statistics.py).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import preset_statistics
 from mjoin.cost import CostModel
 from mjoin.optimize import optimize
 from mjoin.query import parse_query
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.statistics import Statistics
 from mjoin.workloads.presets import preset_document
 from mjoin.workloads.schedule import load_schedule
 from mjoin.workloads.synthetic import query_document
@@ -31,22 +30,7 @@ def _query(n: int):
 
 def expected_statistics(sched, t: float) -> Statistics:
     """The expected statistics of uniform keys at time ``t`` of ``sched`` (see the module docstring)."""
-    names = sched.stream_names
-    rate = {s: float(sched.rate(s, [t])[0]) for s in names}
-    dom = {s: float(sched.value(s, "domain", [t])[0]) for s in names}
-    win = {s: rate[s] * WINDOW for s in names}
-    g = GroupStats()
-    for s in names:
-        g.streams[s] = StreamStats(lam=rate[s], kappa=max(dom[s] * (1 - math.exp(-win[s] / dom[s])), 1.0),
-                                   window_tuples=win[s])
-    for left in names:
-        for right in names:
-            if left != right:
-                dens = win[right] / dom[right]
-                present = 1 - math.exp(-dens)
-                g.edges[(left, right)] = EdgeStats(gamma=min(dom[left], dom[right]) / dom[left] * present,
-                                                   mu=dens / present)
-    return Statistics(query="hot", groups={0: g}, kind="synthetic")
+    return preset_statistics.expected_statistics(sched, _query(len(sched.stream_names)), t, WINDOW)
 
 
 def _first_probe(plan, stream: str = "s0") -> str:

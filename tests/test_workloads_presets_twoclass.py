@@ -2,24 +2,23 @@
 on their expected statistics dppick and exact cross attribute classes where the preset is designed to make it pay,
 while selectivity_first and the fixed orders do not (the point of them).
 
-Pure: the schedule and the optimizer only (no Spark). Expected statistics of uniform keys as in
-test_workloads_presets_hot.py, per attribute class: an edge ``l -> r`` of class ``c`` uses the domains of the two
-streams' class-``c`` key columns (``domain`` for ``key``, ``key2_domain`` for ``key2``).
+Pure: the schedule and the optimizer only (no Spark). Expected statistics of uniform keys per attribute class
+(tests/preset_statistics.py).
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import preset_statistics
 from mjoin.cost import CostModel, plan_cost
 from mjoin.cycle_loop import covering_orders
 from mjoin.optimize import optimize
 from mjoin.query import parse_query
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.statistics import Statistics
 from mjoin.workloads.presets import preset_document
 from mjoin.workloads.schedule import load_schedule
 from mjoin.workloads.synthetic import query_document
@@ -33,31 +32,9 @@ def _query(sched):
                        source="<twoclass>")
 
 
-def _domain(sched, query, stream: str, attr_class: str, t: float) -> float:
-    """The key domain of ``stream``'s column in ``attr_class`` at ``t``."""
-    param = "domain" if query.key_column(stream, attr_class) == "key" else "key2_domain"
-    return float(sched.value(stream, param, [t])[0])
-
-
 def expected_statistics(sched, query, t: float) -> Statistics:
     """The expected statistics of uniform keys at time ``t`` of ``sched``, per attribute class."""
-    names = sched.stream_names
-    rate = {s: float(sched.rate(s, [t])[0]) for s in names}
-    win = {s: rate[s] * WINDOW for s in names}
-    g = GroupStats()
-    for s in names:
-        d = _domain(sched, query, s, query.all_classes_of(s)[0], t)
-        g.streams[s] = StreamStats(lam=rate[s], kappa=max(d * (1 - math.exp(-win[s] / d)), 1.0), window_tuples=win[s])
-    for c, members in query.attribute_classes.items():
-        streams = [s for s, _ in members]
-        for left in streams:
-            for right in streams:
-                if left != right:
-                    dl, dr = _domain(sched, query, left, c, t), _domain(sched, query, right, c, t)
-                    dens = win[right] / dr
-                    present = 1 - math.exp(-dens)
-                    g.edges[(left, right)] = EdgeStats(gamma=min(dl, dr) / dl * present, mu=dens / present)
-    return Statistics(query="twoclass", groups={0: g}, kind="synthetic")
+    return preset_statistics.expected_statistics(sched, query, t, WINDOW)
 
 
 def _probes(plan, stream: str = "s0") -> list:
