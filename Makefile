@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
 # spark-submit and airflow are only on PATH with the venv's bin/ first.
-# (Airflow's own settings: include/mjoin/airflow_env.py, used by the demo, `make airflow` and the tests.)
+# (Airflow's own settings: include/mjoin/loop/airflow_env.py, used by the demo, `make airflow` and the tests.)
 export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
@@ -29,8 +29,8 @@ $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(PY) -m mjoin.sparkzip  # bytecode in the pyspark.zip Spark's Python workers import (include/mjoin/sparkzip.py)
-	$(PY) -m mjoin.jvm  # mjoin's checkpoint file manager, when a JDK is present (include/mjoin/jvm/)
+	$(PY) -m mjoin.runtime.sparkzip  # bytecode in the pyspark.zip Spark's Python workers import (include/mjoin/runtime/sparkzip.py)
+	$(PY) -m mjoin.runtime.jvm  # mjoin's checkpoint file manager, when a JDK is present (include/mjoin/runtime/jvm/)
 	@$(PY) -c "import pyspark, airflow, mjoin; print('mjoin env ready: pyspark', pyspark.__version__, 'airflow', airflow.__version__)"
 	@touch $(STAMP)
 
@@ -57,7 +57,7 @@ bench: $(STAMP)
 	@echo "benchmark scripts (each has --help; most have --quick):"
 	@for f in bench/*/*.py; do case $$(basename $$f) in _*) ;; *) echo "  .venv/bin/python $$f";; esac; done
 
-# ---- the native cluster (include/mjoin/cluster.py, docs/cluster.md): Spark standalone master + 2 workers and
+# ---- the native cluster (include/mjoin/runtime/cluster.py, docs/cluster.md): Spark standalone master + 2 workers and
 # PostgreSQL (Debian's postgresql package) for Airflow, all on 127.0.0.1, state under .cluster/
 CLUSTER_STAMP := $(VENV)/.cluster-installed
 cluster-setup: $(CLUSTER_STAMP)

@@ -16,7 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_conf, spark_env
+from mjoin.loop.params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
@@ -50,8 +50,8 @@ def mjoin_evaluate():
     def arguments() -> list[str]:
         """The evaluation's arguments, after checking that data landed in the range (an empty range fails
         here with a clear message instead of an all-zero report)."""
-        from mjoin.evaluate import EvalConfig, EvaluationError, check_has_data
-        from mjoin.resources import Resources
+        from mjoin.evaluation.evaluate import EvalConfig, EvaluationError, check_has_data
+        from mjoin.runtime.resources import Resources
 
         p = get_current_context()["params"]
         lake = p["lake"] or Resources.from_env().lake
@@ -72,11 +72,11 @@ def mjoin_evaluate():
     def show_comparison() -> dict:
         import json
 
-        from mjoin import fsutil
+        from mjoin.lake import fsutil
         from mjoin.commands.evaluate import format_summary
-        from mjoin.lake import Lake
-        from mjoin.query import load_query
-        from mjoin.resources import Resources
+        from mjoin.lake.layout import Lake
+        from mjoin.model.query import load_query
+        from mjoin.runtime.resources import Resources
 
         p = get_current_context()["params"]
         lake = Lake(p["lake"] or Resources.from_env().lake, p["namespace"])

@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.dag_params import DEFAULT_QUERY, query_choices, spark_conf, spark_env
+from mjoin.loop.params import DEFAULT_QUERY, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 
@@ -43,9 +43,9 @@ def mjoin_join_job():
     @task(multiple_outputs=True)
     def control() -> dict:
         from mjoin.engine.control import JobControl
-        from mjoin.lake import Lake
-        from mjoin.query import load_query
-        from mjoin.resources import Resources
+        from mjoin.lake.layout import Lake
+        from mjoin.model.query import load_query
+        from mjoin.runtime.resources import Resources
 
         ctx = get_current_context()
         p = ctx["params"]

@@ -21,7 +21,7 @@ Unknown param names fail the run at `prepare` (the api-server already refuses th
 plugins/mjoin_trigger_checks.py). Backfill runs go in logical-date order: each waits (rescheduled,
 holding no worker slot) until the run of the interval before it has finished, so it sees the plan
 that run deployed.
-Logic lives in mjoin.reoptimize (docs/orchestration.md); this file only wires it.
+Logic lives in mjoin.loop.reoptimize (docs/orchestration.md); this file only wires it.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task, teardown
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from mjoin.dag_params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
+from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = spark_conf()
@@ -67,7 +67,7 @@ def _run_params(ctx) -> dict:
 
 
 def _config():
-    from mjoin.reoptimize import LoopConfig
+    from mjoin.loop.reoptimize import LoopConfig
 
     ctx = get_current_context()
     run = ctx["dag_run"]
@@ -79,7 +79,7 @@ def _config():
 
 def _step(fn, *args):
     """Run a step; map its outcomes onto Airflow states (failed gate -> failed, no change -> skipped)."""
-    from mjoin.reoptimize import NoChange, StepFailed
+    from mjoin.loop.reoptimize import NoChange, StepFailed
 
     try:
         cfg = _config()
@@ -113,7 +113,7 @@ def _await_previous_backfill_run(ctx) -> None:
 
 def _note_failure(context) -> None:
     """on_failure_callback of every task: keep the task's error in the run folder, for the outcome's reasons."""
-    from mjoin import reoptimize
+    from mjoin.loop import reoptimize
 
     ti = context["ti"]
     try:
@@ -142,7 +142,7 @@ def _note_failure(context) -> None:
 def mjoin_reoptimize():
     @task(multiple_outputs=True)
     def prepare():
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         ctx = get_current_context()
         _await_previous_backfill_run(ctx)
@@ -150,13 +150,13 @@ def mjoin_reoptimize():
 
     @task
     def land(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.land, ctx)
 
     @task(trigger_rule="none_failed")
     def check_input(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.check_input, ctx)
 
@@ -166,43 +166,43 @@ def mjoin_reoptimize():
 
     @task
     def check_statistics(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.check_statistics, ctx)
 
     @task
     def forecast(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.forecast, ctx)
 
     @task
     def check_forecast(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.check_forecast, ctx)
 
     @task
     def optimize(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.optimize, ctx)
 
     @task
     def check_plan(ctx: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.check_plan, ctx)
 
     @task
     def deploy(ctx: dict, gate: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.deploy, ctx, gate)
 
     @task
     def await_switch(ctx: dict, deployed: dict):
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         return _step(reoptimize.await_switch, ctx, deployed)
 
@@ -218,7 +218,7 @@ def mjoin_reoptimize():
     @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
     def record():
         """The run's outcome, also when prepare failed (its context is then rebuilt from the params)."""
-        from mjoin import reoptimize
+        from mjoin.loop import reoptimize
 
         c = get_current_context()
         ti, run = c["ti"], c["dag_run"]

@@ -18,10 +18,10 @@ import sys
 def main(argv=None) -> int:
     from mjoin.cli import UserError
     from mjoin.commands import run as run_command
-    from mjoin.plan import PlanError
-    from mjoin.query import QuerySpecError
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.model.plan import PlanError
+    from mjoin.model.query import QuerySpecError
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     parser = argparse.ArgumentParser(prog="jobs/join.py", description=run_command.DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

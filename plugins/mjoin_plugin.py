@@ -8,7 +8,7 @@ Airflow's own ``get_user``) whom the auth manager allows the custom view ``mjoin
 (``is_authorized_custom_view(method="GET", resource_name="mjoin")``, the access check for
 plugin views). No user: 401 (a browser asking for HTML is sent to the login page); a user
 without access: 403. A report's ``query`` must be a known query (a spec present or a query
-the lake holds), its ``name`` a file inside that query's report folder (mjoin.ui.report_target).
+the lake holds), its ``name`` a file inside that query's report folder (mjoin.loop.ui.report_target).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mjoin import fsutil
-from mjoin.ui import registry_json, registry_page, report_target
+from mjoin.lake import fsutil
+from mjoin.loop.ui import registry_json, registry_page, report_target
 
 RESOURCE = "mjoin"
 

@@ -1,6 +1,6 @@
 """Airflow plugin: the api-server refuses a trigger or backfill of an mjoin DAG (tag ``mjoin``) whose
 conf names a param the DAG does not declare: 400 with the unknown and the known names
-(``mjoin.trigger_checks``). Airflow itself validates the declared params' values (e.g. ``query`` must
+(``mjoin.loop.trigger_checks``). Airflow itself validates the declared params' values (e.g. ``query`` must
 be one of the specs present) but passes unknown keys through silently.
 
 A root ASGI middleware: it reads the POST body of ``/api/v2/dags/<dag_id>/dagRuns`` and
@@ -14,7 +14,7 @@ import json
 import anyio
 from airflow.plugins_manager import AirflowPlugin
 
-from mjoin.trigger_checks import trigger_target, unknown_params
+from mjoin.loop.trigger_checks import trigger_target, unknown_params
 
 
 def _declared_params(dag_id: str):

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mjoin.airflow_env import admin_password, airflow_cmd, airflow_env, ensure_db
+from mjoin.loop.airflow_env import admin_password, airflow_cmd, airflow_env, ensure_db
 
 
 def free_port() -> int:

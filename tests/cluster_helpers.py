@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mjoin import cluster
+from mjoin.runtime import cluster
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -22,8 +22,8 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 @pytest.fixture(scope="session")
 def spark():
     """A real local SparkSession (2 threads, 4 shuffle partitions, no UI), shared by all Spark tests."""
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     session = get_spark("mjoin-tests", Resources(spark_master="local[2]", shuffle_partitions=4),
                         conf={"spark.driver.memory": "3g", "spark.sql.warehouse.dir": str(PROJECT / ".pytest_cache" / "warehouse")})
@@ -33,21 +33,21 @@ def spark():
 
 @pytest.fixture
 def lake(tmp_path):
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
     return Lake(str(tmp_path / "lake"))
 
 
 @pytest.fixture(scope="session")
 def seed_query():
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     return load_query("tpcds_returns_by_address")
 
 
 @pytest.fixture(scope="session")
 def two_class_query():
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     return load_query("tpcds_returns_by_customer_and_address")
 
@@ -98,7 +98,7 @@ def holt_global_fit(monkeypatch):
     every machine. Holt is still statsmodels' own fit."""
     import dataclasses
 
-    from mjoin import forecast as fc
+    from mjoin.forecast import holt as fc
 
     holt = fc._holt
     monkeypatch.setattr(fc, "_holt", lambda y, damped, horizon, config:

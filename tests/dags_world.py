@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from mjoin.timeutil import iso, parse_time
+from mjoin.model.timeutil import iso, parse_time
 
 from airflow_helpers import make_env
 
@@ -22,7 +22,7 @@ def logical(k: int) -> str:
 
 def make_world(root: Path) -> dict:
     """The workload, the lake, the Airflow home (DAGs parsed into its metadata DB) and the runs' conf."""
-    from mjoin.airflow_env import airflow_cmd
+    from mjoin.loop.airflow_env import airflow_cmd
     from mjoin.workloads import generate_tpcds
 
     workload = root / "workload"

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 T0 = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp())  # replay start, epoch seconds
 TPCDS_TABLES = ("customer", "store_returns", "web_returns", "catalog_returns")
@@ -191,7 +191,7 @@ def reference(query, lake: Lake, start_us=None, end_us=None, exclude_files=None,
 def synthetic_with_reference(root, start: int, end: int, **generate) -> tuple:
     """``(lake, query, DuckDB's rows over [start, end))`` of a synthetic workload generated into ``root``
     (``generate``: :func:`mjoin.workloads.generate_synthetic`'s parameters)."""
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic
 
     generate_synthetic(root, **generate)
@@ -248,7 +248,7 @@ WAVE = 100  # seconds of arrival per wave (= one micro-batch)
 
 
 def synth_query():
-    from mjoin.query import parse_query
+    from mjoin.model.query import parse_query
 
     return parse_query(SYNTH_SPEC, source="synth3")
 
@@ -308,7 +308,7 @@ def make_synthetic(lake: Lake, seed: int = 3, n: int = 180, waves: int = 4, star
             files.append((f"s{s}", arrival, tbl, 0))
             out["planted"].setdefault(w, {})[s] = defects
             out["rows"].setdefault(w, {})[s] = int(acc.sum())
-        # the odd file of the wave: rejected whole by a rule of the landing contract (mjoin.contract), as the
+        # the odd file of the wave: rejected whole by a rule of the landing contract (mjoin.lake.contract), as the
         # input gate rejects it; (stream, rows, quarantine reason)
         if w == 0:  # stream a without its id column
             files.append(("sa", arrival, pa.table({"t": ["2026-01-01 00:00:01"] * 5, "ka": pa.array([1] * 5, pa.int64())}), 1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
 
 def key_domain(sched, query, stream: str, attr_class: str, t: float) -> float:

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from mjoin.calibrate import C_MAX, CalibrationError, calibrate, read_observations
+from mjoin.optimizer.calibrate import C_MAX, CalibrationError, calibrate, read_observations
 from mjoin.cli import main
-from mjoin.cost import CostModel
+from mjoin.optimizer.cost import CostModel
 
 
 def synthetic(n=300, state="sorted", alpha_q=2e-7, alpha_m=5e-8, c=3.0, m_slots=5000.0, overhead=1e-4,
@@ -175,8 +175,8 @@ def test_reader_takes_engine_metrics_records(tmp_path):
 def test_cli_calibrate_then_optimize(capsys, tmp_path, seed_query):
     import random
 
-    from mjoin.optimizers.synthetic import random_statistics
-    from mjoin.plan import load_plan
+    from mjoin.optimizer.synthetic import random_statistics
+    from mjoin.model.plan import load_plan
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(r) for r in engine_records(synthetic(n=200))))
@@ -205,14 +205,14 @@ def test_calibrate_from_real_engine_metrics(spark, tmp_path):
     import random
 
     from engine_helpers import T0
-    from mjoin.calibrate import calibrate_from_lake, engine_observations, predict_step_seconds
+    from mjoin.optimizer.calibrate import calibrate_from_lake, engine_observations, predict_step_seconds
     from mjoin.engine import EngineConfig, read_metrics
     from mjoin.engine.interval import run_interval_plans
-    from mjoin.lake import Lake
-    from mjoin.optimize import optimize
-    from mjoin.optimizers.synthetic import random_statistics
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.optimizer.strategies import optimize
+    from mjoin.optimizer.synthetic import random_statistics
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic
 
     # ~100 tuples/s per stream over 5000 keys: thousands of lookups per step and more matches than lookups,

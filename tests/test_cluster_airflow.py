@@ -16,10 +16,10 @@ import pytest
 
 from airflow_helpers import LiveFeed, api, list_runs, make_env, services, task_states
 from cluster_helpers import cluster_dir, job_env, require_cluster
-from mjoin import cluster
-from mjoin.lake import Lake
-from mjoin.registry import PlanRegistry
-from mjoin.timeutil import iso
+from mjoin.runtime import cluster
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry
+from mjoin.model.timeutil import iso
 
 pytestmark = [pytest.mark.cluster, pytest.mark.airflow, pytest.mark.slow]
 QUERY = "tpcds_returns_by_address"
@@ -41,8 +41,8 @@ def pg_airflow(tmp_path, monkeypatch):
 
 
 def test_scheduler_on_postgres_runs_reoptimize_for_several_periods_and_evaluate(pg_airflow, tmp_path):
-    from mjoin.airflow_env import airflow_cmd
-    from mjoin.ui import read_outcomes
+    from mjoin.loop.airflow_env import airflow_cmd
+    from mjoin.loop.ui import read_outcomes
 
     t0 = time.time()
     lake = Lake(str(tmp_path / "lake"))

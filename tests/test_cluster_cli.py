@@ -1,4 +1,4 @@
-"""mjoin.cluster without starting anything: what status and down say when nothing runs, a taken port refused
+"""mjoin.runtime.cluster without starting anything: what status and down say when nothing runs, a taken port refused
 before any process starts, a recycled pid never taken for ours, where PostgreSQL's folder goes."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mjoin import cluster
+from mjoin.runtime import cluster
 
 
 def _cli(*args):

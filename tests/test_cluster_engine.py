@@ -22,11 +22,12 @@ import pytest
 
 from cluster_helpers import cluster_dir, job_env, require_cluster
 from engine_helpers import land_first_arrivals, replay_tpcds
-from mjoin import cluster, fsutil
+from mjoin.runtime import cluster
+from mjoin.lake import fsutil
 from mjoin.engine import EngineConfig, committed_batches, read_metrics, run_stream
 from mjoin.engine.control import JobControl
 from mjoin.engine.results import result_fingerprint
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 QUERY = "tpcds_returns_by_address"
@@ -144,8 +145,8 @@ def test_statistics_job_on_the_cluster_equals_local_mode(on_cluster, landed, spa
     same statistics history as the job in local mode."""
     from mjoin.stats.history import read_history
     from mjoin.stats.job import StatsConfig, run_statistics
-    from mjoin.query import load_query
-    from mjoin.timeutil import iso
+    from mjoin.model.query import load_query
+    from mjoin.model.timeutil import iso
 
     root, lake = landed["root"], landed["lake"]
     start, end = iso(landed["start"] + 60), iso(landed["end"])

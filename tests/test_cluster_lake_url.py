@@ -11,12 +11,12 @@ import os
 import pytest
 
 from engine_helpers import land_first_arrivals, replay_tpcds
-from mjoin import fsutil
+from mjoin.lake import fsutil
 from mjoin.engine import EngineConfig, read_metrics, run_stream
 from mjoin.engine.control import JobControl, JobRunning
 from mjoin.engine.results import result_fingerprint
 from mjoin.engine.source import FileLog, file_log_dir
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 pytestmark = pytest.mark.spark
 QUERY = "tpcds_returns_by_address"

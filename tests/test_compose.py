@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from mjoin.cluster import ClusterConfig
-from mjoin.resources import Resources
+from mjoin.runtime.cluster import ClusterConfig
+from mjoin.runtime.resources import Resources
 
 PROJECT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((PROJECT / "docker-compose.yml").read_text())
@@ -65,7 +65,7 @@ def test_spark_connection_points_at_the_master():
 
 def test_environment_is_what_the_code_reads():
     env = _env("airflow-api")
-    read = set(re.findall(r'"(MJOIN_[A-Z_]+)"', (PROJECT / "include/mjoin/resources.py").read_text()))
+    read = set(re.findall(r'"(MJOIN_[A-Z_]+)"', (PROJECT / "include/mjoin/runtime/resources.py").read_text()))
     assert {k for k in env if k.startswith("MJOIN_")} <= read, "compose sets a variable mjoin never reads"
     res = Resources.from_env(env)
     assert (res.profile, res.lake, res.spark_master) == ("cluster", "/lake", env["MJOIN_SPARK_MASTER"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from mjoin import contract
-from mjoin.contract import SAME_BYTES, SAME_NAME, SAME_ROWS, FileFacts, Seen, SeenFile
+from mjoin.lake import contract
+from mjoin.lake.contract import SAME_BYTES, SAME_NAME, SAME_ROWS, FileFacts, Seen, SeenFile
 
 
 def scan_duplicate_of(files: list, facts: FileFacts, positional) -> tuple[str, str] | None:

@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from mjoin.cost import CostModel, CostModelError, JoinProblem, evaluate_orders, order_cost, plan_cost, plan_costs
-from mjoin.optimize import optimize
-from mjoin.optimizers.dppick import get_sequences
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import parse_query
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.optimizer.cost import CostModel, CostModelError, JoinProblem, evaluate_orders, order_cost, plan_cost, plan_costs
+from mjoin.optimizer.strategies import optimize
+from mjoin.optimizer.dppick import get_sequences
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import parse_query
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
 # alpha_q = 0.5, alpha_m = 2, sorted state, c = 1: f(kappa) = 1 + log2(kappa), so with
 # kappa = 4, 8, 16, 2, 32 (a, b, c, d, r) the query costs are q = 1.5, 2, 2.5, 1, 3.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mjoin.cycle_loop import chain_costs, compose, covering_orders, merge_runs, plan_changes
+from mjoin.evaluation.cycle_loop import chain_costs, compose, covering_orders, merge_runs, plan_changes
 
 PROJECT = Path(__file__).resolve().parent.parent
 EVAL = PROJECT / "bench" / "evaluation"
@@ -75,13 +75,13 @@ def test_loop_step_deploys_what_gating_every_order_and_strategy_deploys(seed_que
     import pandas as pd
     from test_gates_support import CYCLE, EPOCH0, snapshot
 
-    from mjoin.cost import plan_cost
-    from mjoin.cycle_loop import CycleLoop, LoopSettings, plan_key
-    from mjoin.evaluate import RECIPES
-    from mjoin.forecast import forecast, last_value
+    from mjoin.optimizer.cost import plan_cost
+    from mjoin.evaluation.cycle_loop import CycleLoop, LoopSettings, plan_key
+    from mjoin.evaluation.evaluate import RECIPES
+    from mjoin.forecast.holt import forecast, last_value
     from mjoin.gates import check_plan
-    from mjoin.optimize import optimize
-    from mjoin.statistics import ROW_COLUMNS
+    from mjoin.optimizer.strategies import optimize
+    from mjoin.model.statistics import ROW_COLUMNS
 
     q = seed_query
     first = q.stream_names[0]
@@ -139,8 +139,8 @@ def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_q
     import pandas as pd
     from test_gates_support import CYCLE, EPOCH0, snapshot
 
-    from mjoin.cycle_loop import CycleLoop, LoopSettings
-    from mjoin.statistics import ROW_COLUMNS
+    from mjoin.evaluation.cycle_loop import CycleLoop, LoopSettings
+    from mjoin.model.statistics import ROW_COLUMNS
 
     q = seed_query
     first, step = q.stream_names[0], {12: 50, 13: 100, 14: 150, 15: 200}
@@ -174,7 +174,7 @@ def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_q
 def tiny_tpcds(tmp_path_factory):
     from engine_helpers import replay_tpcds
 
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
     lake = Lake(str(tmp_path_factory.mktemp("tiny") / "lake"))
     info = replay_tpcds(lake, 0.01, rate=20.0, arrival_cycle=10)
@@ -245,8 +245,8 @@ def test_composed_schedule_equals_a_real_switching_run(spark, tmp_path):
     sys.path.insert(0, str(EVAL))
     from run_evaluation import measure_orders, switching_run
 
-    from mjoin.cycle_loop import plan_key
-    from mjoin.query import load_query
+    from mjoin.evaluation.cycle_loop import plan_key
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic
 
     wl = tmp_path / "w"

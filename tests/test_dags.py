@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from mjoin import fsutil
-from mjoin.lake import Lake
-from mjoin.registry import PlanRegistry
-from mjoin.timeutil import iso, parse_time
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry
+from mjoin.model.timeutil import iso, parse_time
 
 from airflow_helpers import api, dags_test, json_out, list_runs, services, task_states
 from dags_world import CYCLE, PERIOD, PROJECT, QUERY, START, logical, make_world
@@ -34,7 +34,7 @@ def world(tmp_path_factory):
 
 
 def outcome(world, k: int, namespace: str = "") -> dict | None:
-    from mjoin.reoptimize import LoopConfig, run_dir
+    from mjoin.loop.reoptimize import LoopConfig, run_dir
 
     path = fsutil.join(run_dir(LoopConfig(lake=str(world["lake"]), namespace=namespace), QUERY, logical(k)), "outcome.json")
     return json.loads(fsutil.read_text(path)) if fsutil.exists(path) else None
@@ -63,7 +63,7 @@ def test_dag_files_parse_fast_without_heavy_imports():
 
 
 def test_no_import_errors(world):
-    from mjoin.airflow_env import airflow_cmd
+    from mjoin.loop.airflow_env import airflow_cmd
 
     errors = json_out(airflow_cmd(["dags", "list-import-errors", "-o", "json"], world["env"], capture=True).stdout)
     assert errors == [], errors
@@ -74,8 +74,8 @@ def test_no_import_errors(world):
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory):
     """A Spark Connect server (python -m mjoin spark-connect) for the runs that set MJOIN_SPARK_REMOTE."""
-    from mjoin import connect_server
-    from mjoin.resources import Resources
+    from mjoin.runtime import connect_server
+    from mjoin.runtime.resources import Resources
 
     folder = tmp_path_factory.mktemp("connect")
     info = connect_server.start(folder, 0, Resources(spark_master="local[2]", shuffle_partitions=4),
@@ -96,7 +96,7 @@ def test_three_consecutive_runs_leave_plans_with_lineage(world, connect):
     """Runs 1-2 deploy when the plan is better; run 3 asks for a 99 % improvement through the gates
     param (the improvement_threshold param says 0 and loses): "no change", its deploy task skipped.
     Run 2 has MJOIN_SPARK_REMOTE set: its statistics step runs in the Spark Connect server's session."""
-    from mjoin.ui import read_outcomes
+    from mjoin.loop.ui import read_outcomes
 
     env, conf = world["env"], world["conf"]
     for k in (1, 2, 3):
@@ -136,7 +136,7 @@ def test_three_consecutive_runs_leave_plans_with_lineage(world, connect):
 def test_unknown_gate_setting_fails_the_run_at_prepare_with_a_clear_message(world):
     """prepare fails on the bad param; record (a teardown) still writes the outcome, with the reason, where the
     run's outcome belongs (the plugin page lists it)."""
-    from mjoin.ui import registry_page
+    from mjoin.loop.ui import registry_page
 
     when = iso(START + timedelta(seconds=4 * PERIOD - 30))
     proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "gates": {"null_frac": 0.5}},
@@ -146,7 +146,7 @@ def test_unknown_gate_setting_fails_the_run_at_prepare_with_a_clear_message(worl
     states = task_states(world["env"], "mjoin_reoptimize", run["run_id"])
     assert run["state"] == "failed" and states["prepare"] == "failed" and states["land"] == "upstream_failed"
     assert states["record"] == "success"
-    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
+    from mjoin.loop.reoptimize import LoopConfig, interval_for, run_dir
 
     end = interval_for(when, PERIOD, CYCLE)[1]  # 00:03:30 snapped to the 5 s grid: itself
     out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
@@ -160,7 +160,7 @@ def test_failing_gate_stops_before_deploy_and_keeps_the_active_plan(world):
     """Inject bad statistics for run 4's interval; the Spark jobs are marked success (not run)
     so the statistics gate reads exactly the injected history."""
     from mjoin.stats.history import history_root, write_cycle
-    from mjoin.statistics import Statistics
+    from mjoin.model.statistics import Statistics
     from mjoin.stats.history import read_history, snapshot
 
     lake = Lake(str(world["lake"]))
@@ -206,8 +206,8 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
       date already had a (failed) run and is re-run inside the backfill (--reprocess-behavior completed), in
       the evaluation namespace, without touching the live registry.
     """
-    from mjoin.airflow_env import airflow_cmd
-    from mjoin.ui import read_outcomes
+    from mjoin.loop.airflow_env import airflow_cmd
+    from mjoin.loop.ui import read_outcomes
     from mjoin.workloads import land
 
     from airflow_helpers import LiveFeed, api_call
@@ -321,8 +321,8 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
 
 
 def test_rollback_through_the_cli(world):
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
 
     q = load_query(QUERY)
     lake = Lake(str(world["lake"]))
@@ -347,7 +347,7 @@ def test_unknown_param_name_fails_at_prepare_and_evaluate_refuses_an_empty_range
     proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "dryrun": True},
                      mark_success="^(join|collect_statistics)$", log=world["log"])
     assert "invalid params: unknown param(s) dryrun; known: query, strategy" in proc.stdout
-    from mjoin.reoptimize import LoopConfig, interval_for, run_dir
+    from mjoin.loop.reoptimize import LoopConfig, interval_for, run_dir
 
     end = interval_for(when, PERIOD, CYCLE)[1]
     out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mjoin import fsutil
-from mjoin.lake import Lake
-from mjoin.timeutil import iso
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso
 
 from airflow_helpers import dags_test, list_runs, task_states
 from dags_world import CYCLE, PERIOD, QUERY, START, logical, make_world

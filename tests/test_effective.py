@@ -1,8 +1,8 @@
-"""Statistics as the engine holds its state under punctuations (pure: mjoin.effective)."""
+"""Statistics as the engine holds its state under punctuations (pure: mjoin.stats.effective)."""
 from __future__ import annotations
 
-from mjoin.effective import effective_statistics, engine_state_summary
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.stats.effective import effective_statistics, engine_state_summary
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
 
 def _stats():

@@ -10,9 +10,9 @@ import pytest
 from engine_helpers import assert_same_results, no_leaked_queries, reference, replay_tpcds
 from mjoin.engine import EngineConfig, read_metrics, read_results, result_fingerprint, run_interval, run_stream
 from mjoin.engine.interval import run_interval_plans
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import QuerySpecError, load_query, parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import QuerySpecError, load_query, parse_query
 
 _ = no_leaked_queries
 

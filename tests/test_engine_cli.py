@@ -9,8 +9,8 @@ import pytest
 from engine_helpers import T0, write_stream_file
 from mjoin.cli import main
 from mjoin.engine import read_metrics, read_results
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 pytestmark = pytest.mark.spark
 
@@ -86,7 +86,7 @@ def test_processing_time_trigger_runs_until_stopped(spark, tiny_lake, seed_query
     import threading
     import time
 
-    from mjoin import fsutil
+    from mjoin.lake import fsutil
     from mjoin.engine import EngineConfig, run_stream
 
     done = threading.Event()

@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import TPCDS_TABLES, assert_same_results, no_leaked_queries, reference, replay_tpcds
-from mjoin import quarantine
+from mjoin.lake import quarantine
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries
@@ -161,7 +161,7 @@ def test_streaming_job_quarantines_them_and_a_duplicate_after_a_restart(spark, c
     assert {os.path.basename(e.path): (e.rule, e.reason) for e in items if e.kind == "file"} == BAD
     assert sum(r["quarantined"]["sr"]["duplicate_file"] for r in records) == pq.read_metadata(original).num_rows
     # what the DAG's check_input reports in continuous mode, and the plugin page's table
-    from mjoin.ui import registry_page
+    from mjoin.loop.ui import registry_page
 
     report = quarantine.job_report(lake, seed_query.name)
     assert {os.path.basename(f["path"]) for f in report["files"]} == set(BAD)
@@ -188,7 +188,7 @@ def test_replay_of_a_fixed_file_adds_exactly_its_results(spark, clean, seed_quer
 
     import yaml
 
-    from mjoin.query import resolve_query_path
+    from mjoin.model.query import resolve_query_path
 
     stage, info = clean
     doc = yaml.safe_load(resolve_query_path(seed_query.name).read_text())

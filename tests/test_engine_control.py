@@ -20,8 +20,8 @@ import pytest
 from engine_helpers import TPCDS_TABLES, assert_same_results, multiset, no_leaked_queries, reference, replay_tpcds
 from mjoin.engine import EngineConfig, committed_batches, read_metrics, read_results, run_stream
 from mjoin.engine.control import JobControl, JobRunning
-from mjoin.lake import Lake
-from mjoin.timeutil import iso
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso
 
 PROJECT = Path(__file__).resolve().parent.parent
 QUERY = "tpcds_returns_by_address"
@@ -30,7 +30,7 @@ _ = no_leaked_queries  # fixture (engine_helpers)
 HOLDER = """
 import sys, time
 from mjoin.engine.control import JobControl
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 c = JobControl(Lake(sys.argv[1]), sys.argv[2])
 claim = c.claim({"trigger": "processingTime", "interval": 5.0, "engine": "mjoin"})
 c.write("running", **claim.info, batches_this_run=1, last_batch_id=4, batch_in_progress=5)

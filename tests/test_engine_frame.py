@@ -13,7 +13,7 @@ from mjoin.engine.compiled import EngineQuery, key_name
 from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, delta_columns, frame_ddl, input_ddl,
                                 payload_slots, to_layout)
 from mjoin.engine.normalize import inspect_files, normalize_local
-from mjoin.query import parse_query
+from mjoin.model.query import parse_query
 
 
 def _query():

@@ -10,8 +10,8 @@ import pytest
 from engine_helpers import T0, TPCDS_TABLES, assert_same_results, reference, replay_tpcds, synthetic_with_reference
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval
 from mjoin.engine.interval import run_interval_plans
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 pytestmark = pytest.mark.spark
 

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import T0, no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin import fsutil, quarantine
+from mjoin.lake import fsutil, quarantine
 from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
 from mjoin.engine.compiled import EngineQuery
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries
@@ -133,7 +133,7 @@ def test_two_class_plan_runs_its_stages_on_the_driver(spark, two_class_query, ba
 def test_punctuations_on_the_driver_equal_spark(spark, tmp_path):
     from test_engine_punctuation import CYCLE, CYCLES, SPEC, _plan, land_ending_keys
 
-    from mjoin.query import parse_query
+    from mjoin.model.query import parse_query
 
     q = parse_query(SPEC, source="ending_keys")
     lake = Lake(str(tmp_path / "lake"))
@@ -145,7 +145,7 @@ def test_punctuations_on_the_driver_equal_spark(spark, tmp_path):
 
 def test_band_query_on_the_driver_equals_spark(spark, tmp_path):
     from mjoin.engine.normalize import local_supported
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     q = load_query("tpcds_returns_similar_amounts")
     assert local_supported(q, q.stream_names)
@@ -160,7 +160,7 @@ def test_driver_rows_bound_and_unsupported_streams_keep_spark(spark, seed_query,
     """The rule: at most ``driver_rows`` accepted rows by the footers (and streams the driver reads as Spark
     does); above it, or with ``driver_rows=0``, the rows are Spark's (a lazy frame, no job yet)."""
     from mjoin.engine.interval import read_interval
-    from mjoin.query import parse_query
+    from mjoin.model.query import parse_query
 
     lake, info = bad_lake
     eq = EngineQuery.from_query(seed_query)

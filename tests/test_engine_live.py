@@ -21,8 +21,8 @@ from engine_helpers import (T0, TPCDS_TABLES, assert_same_results, kill_tree, mu
                             replay_tpcds, start_job, write_stream_file)
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
 from mjoin.engine.control import JobControl
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries

@@ -16,8 +16,8 @@ from mjoin.engine import batch as batch_mod
 from mjoin.engine.compiled import key_name
 from mjoin.engine.operator import KeyedRows
 from mjoin.engine.state import StateStore, clear_cache, load_state
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 _ = no_leaked_queries
 

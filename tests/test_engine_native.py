@@ -9,8 +9,8 @@ from engine_helpers import T0, assert_same_results, reference, replay_tpcds
 from mjoin.cli import main
 from mjoin.engine import read_metrics, read_results, run_stream
 from mjoin.engine.native import native_plan, plan_info
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 
 pytestmark = pytest.mark.spark
 

@@ -10,8 +10,8 @@ import pytest
 from mjoin.engine.compiled import CompiledPlan, EngineQuery
 from mjoin.engine.frame import arrow_frame_schema, arrow_result_schema, delta_columns, payload_slots
 from mjoin.engine.operator import KIND_DELTA, BucketContext, KeyedRows, expand, process_bucket
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import parse_query
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import parse_query
 
 W = {"a": 10, "b": 4, "c": 7, "d": 5}  # seconds, asymmetric on purpose
 

@@ -12,9 +12,9 @@ import pytest
 from engine_helpers import assert_same_results, no_leaked_queries, reference, replay_tpcds
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
 from mjoin.engine.interval import run_interval_plans
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import QuerySpecError, parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import QuerySpecError, parse_query
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries
@@ -131,7 +131,7 @@ def test_psp_slices_auto_takes_t_j_from_the_calibrated_cost_model(psp_lake, tmp_
     import yaml
 
     from mjoin.commands import run as run_cmd
-    from mjoin.cost import CostModel
+    from mjoin.optimizer.cost import CostModel
 
     lake, _ = psp_lake
     own = Lake(str(tmp_path / "own"))

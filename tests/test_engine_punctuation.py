@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 
 from engine_helpers import T0, assert_same_results, no_leaked_queries, reference, write_stream_file
-from mjoin import punctuation
+from mjoin.model import punctuation
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import parse_query
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries

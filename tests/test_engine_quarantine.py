@@ -9,14 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import WAVE, assert_same_results, make_synthetic, reference, synth_query, write_stream_file
-from mjoin import fsutil
-from mjoin.contract import FILE_REASONS
+from mjoin.lake import fsutil
+from mjoin.lake.contract import FILE_REASONS
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.interval import run_interval_plans
 from mjoin.engine.normalize import inspect_files
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 
 
@@ -39,7 +39,7 @@ def test_file_checks_reject_what_spark_cannot_read(tmp_path):
                                                        "c": [ok, listed, boolean_key, wide]})
     rejected = {r.path: r for r in got.rejects}
     assert set(rejected) == {listed, boolean_key, missing, garbage, wide}
-    # the input gate's rules (mjoin.contract), by name
+    # the input gate's rules (mjoin.lake.contract), by name
     assert {p: (r.rule, r.reason) for p, r in rejected.items()} == {
         missing: ("input.schema_matches_spec", "schema_mismatch"), listed: ("input.schema_matches_spec", "schema_mismatch"),
         boolean_key: ("input.schema_matches_spec", "schema_mismatch"), wide: ("input.schema_matches_spec", "schema_mismatch"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from mjoin import fsutil
+from mjoin.lake import fsutil
 from mjoin.engine import source
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 
 def _land(lake: Lake, src: str, arrival: int, names, mtime: float) -> None:

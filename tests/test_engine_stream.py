@@ -19,9 +19,9 @@ from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, resto
 from mjoin.engine.control import JobControl
 from mjoin.engine.inputs import compile_plan
 from mjoin.engine.state import StateStore
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
 
 pytestmark = pytest.mark.spark
 PROJECT = Path(__file__).resolve().parent.parent

@@ -16,9 +16,9 @@ import pytest
 
 from engine_helpers import T0, assert_same_results, multiset, no_leaked_queries, reference, write_stream_file
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
-from mjoin.lake import Lake
-from mjoin.plan import make_plan
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan
+from mjoin.model.query import parse_query
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries
@@ -203,7 +203,7 @@ def _random_orders(rng: random.Random, query) -> dict:
 def test_random_multiclass_streaming_equals_interval(spark, tmp_path, seed, where):
     """Random 2- and 3-class specs and landings; the job runs on the first half, stops, the registry's
     active plan changes, the rest lands (a backlog), the job restarts with another batch size."""
-    from mjoin.registry import PlanRegistry
+    from mjoin.lake.registry import PlanRegistry
 
     rng = random.Random(seed)
     spec = random_spec(rng, 2 if seed % 2 else 3)

@@ -1,7 +1,7 @@
 """The throughput work's shortcuts keep behaviour: the quarantine's row JSON built column by column equals
 the per-row formula, result fingerprints do not depend on how rows are split into files, the streaming job's
 checkpoint file manager is chosen for local lakes only and restored after the run, and mjoin's own manager
-(mjoin.jvm) writes the logs as Spark's does, atomically, without checksum files."""
+(mjoin.runtime.jvm) writes the logs as Spark's does, atomically, without checksum files."""
 from __future__ import annotations
 
 import datetime
@@ -85,9 +85,9 @@ def test_fingerprint_is_independent_of_how_rows_are_split():
 @pytest.mark.spark
 def test_checkpoint_manager_for_local_lakes_only(spark, tmp_path):
     from mjoin.engine.stream import CHECKPOINT_MANAGER_KEY, checkpoint_manager
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
-    from mjoin.jvm import CHECKPOINT_MANAGER, jar_path
+    from mjoin.runtime.jvm import CHECKPOINT_MANAGER, jar_path
 
     name = checkpoint_manager(spark, Lake(str(tmp_path)))
     # mjoin's own when make setup built its jar (the session then has it on the class path), else Spark's
@@ -102,10 +102,10 @@ def test_checkpoint_manager_for_local_lakes_only(spark, tmp_path):
 def test_local_checkpoint_file_manager_writes_atomically(spark, tmp_path):
     """mjoin.spark.LocalCheckpointFileManager through py4j, as Spark's logs call it: createAtomic, write,
     close renames into place (no temporary or .crc file left); refusing to overwrite; cancel."""
-    from mjoin.jvm import CHECKPOINT_MANAGER, _javac, jar_path
+    from mjoin.runtime.jvm import CHECKPOINT_MANAGER, _javac, jar_path
 
     if jar_path() is None:
-        assert _javac() is None, "a JDK is installed but mjoin's jar is not built: run python -m mjoin.jvm"
+        assert _javac() is None, "a JDK is installed but mjoin's jar is not built: run python -m mjoin.runtime.jvm"
         pytest.skip("no JDK here: mjoin's checkpoint file manager is not built (Spark's is used)")
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()

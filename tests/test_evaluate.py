@@ -1,4 +1,4 @@
-"""Historical evaluation (mjoin.evaluate, what the mjoin_evaluate DAG submits): every strategy and the
+"""Historical evaluation (mjoin.evaluation.evaluate, what the mjoin_evaluate DAG submits): every strategy and the
 hindsight oracle on the same small TPC-DS replay, the table, the summary and the HTML report."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import pytest
 
 from engine_helpers import T0, replay_tpcds
-from mjoin.evaluate import STRATEGIES, EvalConfig, evaluate
-from mjoin.lake import Lake
-from mjoin.timeutil import iso
+from mjoin.evaluation.evaluate import STRATEGIES, EvalConfig, evaluate
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso
 
 pytestmark = pytest.mark.spark
 

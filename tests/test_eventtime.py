@@ -1,4 +1,4 @@
-"""One event-time rule (mjoin.eventtime): for every kind of event time, the engine's Spark path
+"""One event-time rule (mjoin.model.eventtime): for every kind of event time, the engine's Spark path
 (normalize_group), its driver path (normalize_local), the statistics job's Spark read (load_streams) and its
 driver read (read_routed) put every row in the same microsecond, with the same NULLs for unusable values
 (overflow, NaN, infinities, unparsable strings); so does the input gate's Spark scan. String and ``expr`` event times are Spark's to parse: both
@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin import eventtime
+from mjoin.model import eventtime
 from mjoin.engine import normalize
 from mjoin.engine.batch import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import EngineQuery, key_name
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 from mjoin.stats import sources
 
 pytestmark = pytest.mark.spark

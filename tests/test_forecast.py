@@ -1,4 +1,4 @@
-"""mjoin.forecast: Holt / damped Holt with real statsmodels, every fallback, no look-ahead."""
+"""mjoin.forecast.holt: Holt / damped Holt with real statsmodels, every fallback, no look-ahead."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mjoin.forecast import (ForecastConfig, ForecastError, forecast, forecast_series, last_value, mean_value)
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.forecast.holt import (ForecastConfig, ForecastError, forecast, forecast_series, last_value, mean_value)
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
 T0 = pd.Timestamp("2026-01-01T00:00:00Z")
 TAU = 10.0
@@ -262,7 +262,7 @@ def step_series() -> np.ndarray:
 
 
 def test_a_holt_forecast_past_the_recent_range_becomes_the_last_value():
-    from mjoin.forecast_bound import ForecastBound
+    from mjoin.forecast.bound import ForecastBound
     from mjoin.gates import GateConfig
 
     y = step_series()
@@ -294,7 +294,7 @@ def test_an_in_range_holt_forecast_is_unchanged(stat, y):
 def test_the_bound_applies_to_any_holt_value_it_rejects():
     """A clean trend (Holt extrapolates it past the last value for sure) against a bound of k = 0: the recent
     range itself. Inside the range (a falling-then-rising series' forecast) nothing changes."""
-    from mjoin.forecast_bound import ForecastBound
+    from mjoin.forecast.bound import ForecastBound
 
     y = 100 + 3.0 * np.arange(60)
     tight = ForecastConfig(bound=ForecastBound(k=0.0))

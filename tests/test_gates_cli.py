@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from mjoin.cli import main
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
 from test_gates_support import EPOCH0, cycle_iso, good_lake, history, snapshot, write_history, write_stream_file
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"

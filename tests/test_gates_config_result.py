@@ -130,7 +130,7 @@ def test_gx_context_is_reused_and_keeps_no_results(seed_query):
     """One context per process; validation results are not accumulated in it."""
     from mjoin.gates import check_plan
     from mjoin.gates.gxengine import runner
-    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.model.plan import make_plan, orders_from_permutation
 
     plan = make_plan(seed_query, orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"]), "x", estimated_cost=1.0)
     first = runner()

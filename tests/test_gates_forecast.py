@@ -10,7 +10,7 @@ import pytest
 
 from mjoin.gates import GateConfig, check_forecast
 from mjoin.gates.forecast import MAD_TO_SIGMA, spread_of
-from mjoin.statistics import Statistics
+from mjoin.model.statistics import Statistics
 from test_gates_support import cycle_iso, history, snapshot
 
 N = 12  # cycles of history; the forecast is for cycle N
@@ -244,9 +244,9 @@ def test_history_without_its_columns_fails(seed_query, good, history_frame):
 
 def test_the_gate_checks_the_bound_its_config_gives_the_forecast(seed_query, hist, good):
     """near_recent_history's window, spread and floors are GateConfig.forecast_bound(), the bound the forecast keeps
-    Holt within (mjoin.forecast_bound): the defaults are one set, overrides reach both."""
-    from mjoin.forecast import ForecastConfig
-    from mjoin.forecast_bound import ForecastBound
+    Holt within (mjoin.forecast.bound): the defaults are one set, overrides reach both."""
+    from mjoin.forecast.holt import ForecastConfig
+    from mjoin.forecast.bound import ForecastBound
 
     assert GateConfig().forecast_bound() == ForecastBound() == ForecastConfig().bound
     cfg = GateConfig.from_dict({"forecast_window": 7, "forecast_spread_k": "2.5", "forecast_spread": "std",

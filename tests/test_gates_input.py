@@ -313,7 +313,7 @@ def test_fingerprint_tells_different_rows_apart(seed_query, lake):
 
 def _variant(seed_query, event_time: dict, columns: dict):
     """The seed query with cu's event time given differently."""
-    from mjoin.query import parse_query
+    from mjoin.model.query import parse_query
 
     doc = seed_query.to_spec()
     cu = doc["streams"][0]
@@ -397,7 +397,7 @@ def test_expression_event_time_is_a_reported_skip_with_pyarrow(seed_query, lake)
 def test_spark_engine_evaluates_format_and_expression(seed_query, format_query, lake, tmp_path, spark):
     """With Spark the event time is computed by the stats job's SQL: the same counts as pyarrow for a string
     format, and an expression's late rows are counted."""
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
     _format_lake(lake, format_query)
     arrow = check_input(format_query, lake, START, END, cycle=CYCLE)

@@ -8,8 +8,8 @@ from itertools import permutations
 import pytest
 
 from mjoin.gates import GateConfig, GateFailed, check_plan
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
 from test_gates_support import cycle_iso, snapshot
 
 

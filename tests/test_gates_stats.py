@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from mjoin.gates import GateConfig, StatisticsGateError, check_statistics, read_history
-from mjoin.statistics import ROW_COLUMNS
+from mjoin.model.statistics import ROW_COLUMNS
 from test_gates_support import CYCLE, cycle_iso, history, select
 
 # history of 12 cycles; the interval under test is the last two
@@ -200,7 +200,7 @@ def test_history_read_back_from_parquet_and_json(seed_query, good, tmp_path):
     assert run(seed_query, read_history(root)).failed_expectations == ["stats.gamma_in_unit_interval"]
     snaps = tmp_path / "snapshots"
     snaps.mkdir()
-    from mjoin.statistics import Statistics
+    from mjoin.model.statistics import Statistics
 
     for c, part in good.groupby("cycle_start"):
         Statistics.from_rows(part.to_dict("records")).save(snaps / f"{pd.Timestamp(c).value}.json")
@@ -257,7 +257,7 @@ def test_key_group_missing_from_the_whole_interval(seed_query):
 
 
 def test_partitioning_from_a_plan_and_none(seed_query):
-    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.model.plan import make_plan, orders_from_permutation
 
     orders = orders_from_permutation(seed_query, ["cu", "sr", "wr", "cr"])
     plan = make_plan(seed_query, {0: orders, 1: orders}, "pmjoin", partitioning=RULE2)

@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin.statistics import ROW_COLUMNS, EdgeStats, GroupStats, Statistics, StreamStats
-from mjoin.timeutil import cycles, iso, to_epoch
+from mjoin.model.statistics import ROW_COLUMNS, EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.model.timeutil import cycles, iso, to_epoch
 
 T0 = "2026-01-01T00:00:00Z"
 CYCLE = 60.0

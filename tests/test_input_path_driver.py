@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin import contract
+from mjoin.lake import contract
 from mjoin.engine import source
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 
 def _write(path, n: int, start: int = 0, nulls: bool = False) -> str:

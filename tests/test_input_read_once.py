@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin import contract
+from mjoin.lake import contract
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.normalize import inspect_files, normalize_local
-from mjoin.query import parse_query
+from mjoin.model.query import parse_query
 
 T0 = 1_700_000_000_000_000
 

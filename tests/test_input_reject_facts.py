@@ -1,4 +1,4 @@
-"""Whether a row of a landed file can be rejected, by its footer (mjoin.contract.row_rejects), and the engine's
+"""Whether a row of a landed file can be rejected, by its footer (mjoin.lake.contract.row_rejects), and the engine's
 Spark input path without the reject columns where none can: identical results and quarantine either way."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import T0, write_stream_file
-from mjoin import contract
-from mjoin.contract import cast_can_fail
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake import contract
+from mjoin.lake.contract import cast_can_fail
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 
 SPEC = {
     "spec_version": 1, "name": "facts", "lateness": "0s",

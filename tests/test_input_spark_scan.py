@@ -20,9 +20,9 @@ from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.frame import arrow_input_schema, payload_slots, to_layout
 from mjoin.engine.normalize import (inspect_files, normalize_local, normalize_streams, scan_chunks, scan_ddl,
                                     scan_streams)
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import parse_query
 from test_engine_interval_local import SEED_CFG, _both, _quarantine
 
 pytestmark = pytest.mark.spark

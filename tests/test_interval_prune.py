@@ -18,8 +18,8 @@ from mjoin.engine import EngineConfig, read_metrics, read_results, result_finger
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.interval import batch_local
 from mjoin.engine.normalize import PRUNE_MARGIN_US, Inspected, inspect_files
-from mjoin.eventtime import micros_arrow
-from mjoin.lake import Lake
+from mjoin.model.eventtime import micros_arrow
+from mjoin.lake.layout import Lake
 
 _ = no_leaked_queries
 US = 1_000_000

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 from mjoin.workloads.live import SOURCES, live_start, run_live
 
 CYCLE = 10

@@ -7,13 +7,13 @@ from itertools import permutations
 import pytest
 
 from mjoin.cli import main
-from mjoin.cost import CostModel, JoinProblem, order_cost, plan_cost
-from mjoin.optimize import STRATEGIES, OptimizerError, compare, optimize, probe_orders
-from mjoin.optimizers.dppick import dp_pick, get_sequences
-from mjoin.optimizers.exact import exact_dp
-from mjoin.optimizers.synthetic import query_from_edges, random_edges, random_statistics
-from mjoin.plan import PlanError, load_plan
-from mjoin.statistics import Statistics, StatisticsError
+from mjoin.optimizer.cost import CostModel, JoinProblem, order_cost, plan_cost
+from mjoin.optimizer.strategies import STRATEGIES, OptimizerError, compare, optimize, probe_orders
+from mjoin.optimizer.dppick import dp_pick, get_sequences
+from mjoin.optimizer.exact import exact_dp
+from mjoin.optimizer.synthetic import query_from_edges, random_edges, random_statistics
+from mjoin.model.plan import PlanError, load_plan
+from mjoin.model.statistics import Statistics, StatisticsError
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_plan_lineage_and_validation(seed_query, seed_stats, tmp_path):
     assert plan_cost(seed_query, seed_stats, back) == pytest.approx(plan.estimated_cost)
     # a plan made for one query does not load for another
     with pytest.raises(PlanError, match="not 'tpcds_returns_by_customer_and_address'"):
-        from mjoin.query import load_query
+        from mjoin.model.query import load_query
         load_plan(tmp_path / "p.json", load_query("tpcds_returns_by_customer_and_address"))
 
 

@@ -3,7 +3,7 @@ random graphs; one to three predicate labels, so mixed attribute classes and res
 edges) with random statistics and coefficients, exact and dppick return the brute-force
 minimum under the model, no baseline beats them, and every order is valid.
 
-The brute force here is written independently of ``mjoin.cost``: it enumerates every
+The brute force here is written independently of ``mjoin.optimizer.cost``: it enumerates every
 connected expansion edge by edge (the paper's getSequences without any deduplication)
 and costs it with the forward (unrolled) form of the recursion,
 
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mjoin.cost import CostModel
-from mjoin.optimize import STRATEGIES, optimize
-from mjoin.optimizers.synthetic import query_from_edges
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.optimizer.cost import CostModel
+from mjoin.optimizer.strategies import STRATEGIES, optimize
+from mjoin.optimizer.synthetic import query_from_edges
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
 MAX_SEQUENCES = 6000  # brute-force budget per example (sum over start streams)
 SETTINGS = settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow,

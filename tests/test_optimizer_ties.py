@@ -3,7 +3,7 @@
 Eq. 8: ``C(o_k) = alpha_q f(kappa_r) + gamma (alpha_m mu + rho C(o_{k+1}))``. With ``gamma = 0`` on a step every
 tail after it costs the same, and before the gamma floor each optimizer's own tie-break chose the tail: dppick the
 first sequence its DFS found, exact the tail that is optimal from the larger partial result (or, when that ties as
-well, the lowest stream index). Both now break ties by the cost with gamma floored at ``mjoin.cost.GAMMA_FLOOR``
+well, the lowest stream index). Both now break ties by the cost with gamma floored at ``mjoin.optimizer.cost.GAMMA_FLOOR``
 (lexicographically: the model's cost first, so no plan changes where there is no tie): among equal-cost orders the
 cheapest tail wins, and dppick breaks what still ties exactly as exact does, so the two agree. The situation is hot-rotate's after a step (bench/evaluation
 README, "Drift"): the old hot stream ``s1`` falls back, its window forecast empty and ``gamma(s2 -> s1) = 0``, so
@@ -19,13 +19,13 @@ import random
 import numpy as np
 import pytest
 
-from mjoin.cost import GAMMA_FLOOR, CostModel, JoinProblem, order_cost
-from mjoin.optimize import optimize
-from mjoin.optimizers.dppick import dp_pick
-from mjoin.optimizers.exact import exact_dp
-from mjoin.optimizers.synthetic import query_from_edges, random_edges, random_statistics
-from mjoin.query import parse_query
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+from mjoin.optimizer.cost import GAMMA_FLOOR, CostModel, JoinProblem, order_cost
+from mjoin.optimizer.strategies import optimize
+from mjoin.optimizer.dppick import dp_pick
+from mjoin.optimizer.exact import exact_dp
+from mjoin.optimizer.synthetic import query_from_edges, random_edges, random_statistics
+from mjoin.model.query import parse_query
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 from mjoin.workloads.synthetic import query_document
 
 NAMES = ("s0", "s1", "s2", "s3")

@@ -133,10 +133,10 @@ def test_the_joins_time_per_batch_is_the_median_over_the_engines_rounds(monkeypa
     middle round in run order: one loaded round moved the per-period ratio by a third at 2,000/s)."""
     from types import SimpleNamespace
 
-    import mjoin.cycle_loop
+    import mjoin.evaluation.cycle_loop
 
     rounds = [({"t": [1.0, 9.0, 1.0]}, None), ({"t": [50.0, 2.0, 3.0]}, None), ({"t": [2.0, 3.0, 2.0]}, None)]
-    monkeypatch.setattr(mjoin.cycle_loop, "compose",
+    monkeypatch.setattr(mjoin.evaluation.cycle_loop, "compose",
                         lambda keys, plans, ch, base, batches: {"wall": ch["t"][batches[0] - 10] + plans[keys[0]]})
     sched = SimpleNamespace(gated={("o", "dppick"): ["p", "q", "p"]}, plans={"p": 0.0, "q": 100.0})
     monkeypatch.setattr(run_evaluation, "sched_orders", lambda s: ["o"])

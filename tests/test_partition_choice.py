@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mjoin.cost import CostModel, GroupOverhead, expected_chains, group_overhead, plan_cost
-from mjoin.optimize import optimize, optimize_partitioned
-from mjoin.optimizers.partitioning import (Candidate, Cells, chain_overhead_from_metrics, choose, cost_rule, pays,
+from mjoin.optimizer.cost import CostModel, GroupOverhead, expected_chains, group_overhead, plan_cost
+from mjoin.optimizer.strategies import optimize, optimize_partitioned
+from mjoin.optimizer.partitioning import (Candidate, Cells, chain_overhead_from_metrics, choose, cost_rule, pays,
                                            range_rule, rate_rule)
-from mjoin.partition import group_of, num_groups
-from mjoin.query import parse_query
-from mjoin.reoptimize import LoopConfig
+from mjoin.model.keygroups import group_of, num_groups
+from mjoin.model.query import parse_query
+from mjoin.loop.reoptimize import LoopConfig
 from mjoin.stats.cells import cell_map, regroup, regroup_rows
 from mjoin.workloads.synthetic import query_document
 
@@ -246,7 +246,7 @@ def test_loop_params_method_and_d(tmp_path):
         LoopConfig.from_params({**base, "partition_method": "zorder"})
     with pytest.raises(ValueError, match="partition_groups"):
         LoopConfig.from_params({**base, "partition_groups": "many"})
-    from mjoin.dag_params import REOPTIMIZE_PARAMS
+    from mjoin.loop.params import REOPTIMIZE_PARAMS
 
     assert REOPTIMIZE_PARAMS["partition_method"][2]["enum"] == ["auto", "none", "hash", "range", "rate", "cost"]
     assert REOPTIMIZE_PARAMS["partition_groups"][0] == "auto"

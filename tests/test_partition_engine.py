@@ -15,9 +15,9 @@ from mjoin.engine.inputs import compile_plan
 from mjoin.engine.interval import _cycles, prepare_interval, run_interval_plans, warm_up
 from mjoin.engine.results import result_fingerprint
 from mjoin.engine.state import StateStore, load_state
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries
@@ -27,7 +27,7 @@ START, END, CYCLE = T0 + 60, T0 + 180, 30  # 4 batches of 30 s after a 1-minute 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory):
     """The generator's 4-stream query, skewed keys over 400 values, 1-minute windows (results in every batch)."""
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic
 
     root = tmp_path_factory.mktemp("pmjoin") / "w"

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from engine_helpers import T0
-from mjoin.forecast import forecast
-from mjoin.lake import Lake
+from mjoin.forecast.holt import forecast
+from mjoin.lake.layout import Lake
 from mjoin.stats.cells import history_for_rule
 from mjoin.stats.history import history_root, read_history
 from mjoin.stats.job import StatsConfig, run_statistics
-from mjoin.timeutil import iso
+from mjoin.model.timeutil import iso
 
 pytestmark = pytest.mark.spark
 NUM = ["lambda", "kappa", "window_tuples", "tuples", "gamma", "mu", "q", "m", "s"]
@@ -25,7 +25,7 @@ NUM = ["lambda", "kappa", "window_tuples", "tuples", "gamma", "mu", "q", "m", "s
 @pytest.fixture(scope="module")
 def stripes(tmp_path_factory):
     """The stripes preset (s1 hot on key stripes 0-13 mod 32, s2 on 16-29, drifting), landed in a lake."""
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic, land
 
     root = tmp_path_factory.mktemp("stripes")
@@ -69,7 +69,7 @@ def test_after_a_rule_change_the_forecast_sees_every_cycle_regrouped_exactly(spa
     assert blind.statistics.meta["cycles_used"] == 3 and "another partitioning ignored" in blind.statistics.meta["notes"][0]
     # the command: key groups from the same history's cells (here rate-based, D = 2 as asked)
     from mjoin.cli import main
-    from mjoin.plan import load_plan
+    from mjoin.model.plan import load_plan
 
     out = tmp_path / "plan.json"
     assert main(["optimize", "--query", q.source_path, "--key-groups", mixed, "--strategy", "exact",
@@ -79,10 +79,10 @@ def test_after_a_rule_change_the_forecast_sees_every_cycle_regrouped_exactly(spa
 
 
 def test_the_loop_chooses_key_groups_gates_them_and_forecasts_them_next_run(spark, stripes, tmp_path):
-    from mjoin.cost import CostModel
-    from mjoin.registry import PlanRegistry
-    from mjoin.reoptimize import LoopConfig, check_plan, deploy, optimize
-    from mjoin.reoptimize import forecast as forecast_step
+    from mjoin.optimizer.cost import CostModel
+    from mjoin.lake.registry import PlanRegistry
+    from mjoin.loop.reoptimize import LoopConfig, check_plan, deploy, optimize
+    from mjoin.loop.reoptimize import forecast as forecast_step
 
     src, q = stripes
     lake = Lake(str(tmp_path / "lake"))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mjoin.partition import group_of, num_groups, rule_problems, sql_group_expr
+from mjoin.model.keygroups import group_of, num_groups, rule_problems, sql_group_expr
 
 RULES = [
     None,

@@ -4,7 +4,7 @@ from itertools import permutations
 
 import pytest
 
-from mjoin.plan import Plan, PlanError, load_plan, make_plan, orders_from_permutation
+from mjoin.model.plan import Plan, PlanError, load_plan, make_plan, orders_from_permutation
 
 PERM = ["cu", "sr", "wr", "cr"]
 

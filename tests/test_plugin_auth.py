@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from airflow_helpers import make_env, services
-from mjoin.airflow_env import admin_password
-from mjoin.lake import Lake
+from mjoin.loop.airflow_env import admin_password
+from mjoin.lake.layout import Lake
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 QUERY = "tpcds_returns_by_address"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from mjoin.psp import choose_slices, latency, optimal_slices
+from mjoin.optimizer.psp import choose_slices, latency, optimal_slices
 
 
 def test_optimum_solves_the_two_balance_equations():

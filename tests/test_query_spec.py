@@ -4,7 +4,7 @@ import copy
 import pytest
 import yaml
 
-from mjoin.query import QuerySpecError, list_queries, load_query, parse_query
+from mjoin.model.query import QuerySpecError, list_queries, load_query, parse_query
 
 BASE = {
     "name": "q",

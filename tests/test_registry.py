@@ -4,9 +4,9 @@ import multiprocessing as mp
 
 import pytest
 
-from mjoin.lake import Lake
-from mjoin.plan import PlanError, make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry, RegistryError
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import PlanError, make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry, RegistryError
 
 
 def plan_for(query, perm):
@@ -52,7 +52,7 @@ def test_namespaces_are_separate(tmp_path, seed_query):
 
 
 def _publish_many(root, name, n, out):
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     q = load_query(name)
     reg = PlanRegistry(Lake(root), q.name)

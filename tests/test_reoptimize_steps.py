@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from mjoin import fsutil
+from mjoin.lake import fsutil
 from mjoin.gates import GateConfig, GateConfigError
-from mjoin.lake import Lake
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
-from mjoin.reoptimize import LoopConfig, NoChange, StepFailed, await_switch, check_plan, deploy, optimize, record
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
+from mjoin.loop.reoptimize import LoopConfig, NoChange, StepFailed, await_switch, check_plan, deploy, optimize, record
 
 QUERY = "tpcds_returns_by_address"
 T_END = "2026-01-01T00:05:00Z"
@@ -60,9 +60,9 @@ def test_unknown_or_bad_gate_settings_are_rejected_with_a_clear_message(tmp_path
 
 
 def test_dag_param_lists_match_the_library():
-    from mjoin import evaluate
-    from mjoin.dag_params import EVAL_STRATEGY_NAMES, REOPTIMIZE_PARAMS, STRATEGY_NAMES
-    from mjoin.optimize import STRATEGIES
+    from mjoin.evaluation import evaluate
+    from mjoin.loop.params import EVAL_STRATEGY_NAMES, REOPTIMIZE_PARAMS, STRATEGY_NAMES
+    from mjoin.optimizer.strategies import STRATEGIES
 
     assert list(STRATEGY_NAMES) == list(STRATEGIES)
     assert list(EVAL_STRATEGY_NAMES) == list(evaluate.STRATEGIES)
@@ -78,7 +78,7 @@ def test_backfill_forces_cycle_mode_in_the_evaluation_namespace(tmp_path):
 
 
 def test_spark_env_puts_spark_submit_first_on_path(monkeypatch):
-    from mjoin.dag_params import spark_env
+    from mjoin.loop.params import spark_env
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     env = spark_env()
@@ -92,7 +92,7 @@ def test_spark_env_puts_spark_submit_first_on_path(monkeypatch):
 @pytest.fixture
 def optimized(tmp_path, seed_query):
     """A run folder with a forecast and the exact optimizer's candidate (no Spark)."""
-    from mjoin.optimizers.synthetic import random_statistics
+    from mjoin.optimizer.synthetic import random_statistics
 
     def make(name: str, **params):
         cfg = LoopConfig.from_params({"query": QUERY, "lake": str(tmp_path / "lake"), **params}, run_id=f"manual__{name}")
@@ -155,7 +155,7 @@ def _record_many(lake_root: str, k: int, n: int) -> None:
 
 
 def test_two_runs_recording_at_once_lose_no_outcome(tmp_path):
-    from mjoin.ui import read_outcomes
+    from mjoin.loop.ui import read_outcomes
 
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_record_many, args=(str(tmp_path), k, 12)) for k in (1, 2)]
@@ -373,8 +373,8 @@ def test_await_switch_fails_fast_when_the_job_has_stopped(job, tmp_path, seed_qu
 # ---- calibration before optimizing (last: it writes the live cost model into the job's lake) -------
 
 def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(job, tmp_path, seed_query):
-    from mjoin.cost import CostModel
-    from mjoin.reoptimize import calibrate, cost_model_path
+    from mjoin.optimizer.cost import CostModel
+    from mjoin.loop.reoptimize import calibrate, cost_model_path
 
     def cfg_for(**params):
         return LoopConfig.from_params({"query": QUERY, "lake": job.lake.root, **params})
@@ -409,8 +409,8 @@ def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(j
     ("2026-01-01T00:05:09.999999Z", "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"),
 ])
 def test_interval_is_whole_cycles_ending_at_the_last_boundary(logical, start, end):
-    from mjoin.reoptimize import interval_for
-    from mjoin.timeutil import iso, to_epoch
+    from mjoin.loop.reoptimize import interval_for
+    from mjoin.model.timeutil import iso, to_epoch
 
     assert tuple(map(iso, interval_for(logical, 300, 10))) == (start, end)
     assert tuple(map(iso, interval_for(logical, 300))) == (iso(to_epoch(logical) - 300), iso(logical))  # no cycle
@@ -430,8 +430,8 @@ LIVE0 = 1767225600  # 2026-01-01T00:00:00Z
 
 
 def test_prepare_on_a_live_lake_starts_at_the_first_landed_cycle_and_covers_the_forecast_history(tmp_path, seed_query):
-    from mjoin.reoptimize import prepare
-    from mjoin.timeutil import iso
+    from mjoin.loop.reoptimize import prepare
+    from mjoin.model.timeutil import iso
 
     lake = Lake(str(tmp_path / "lake"))
     cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10}, run_id="scheduled__a")
@@ -452,7 +452,7 @@ def test_prepare_on_a_live_lake_starts_at_the_first_landed_cycle_and_covers_the_
     # an interval wholly before the first landed cycle: nothing to judge, a skip with the reason (not a failure)
     early = prepare(cfg, "2026-01-01T00:00:25Z")
     assert "ends before the first landed cycle 2026-01-01T00:00:30Z" in early["skip"]
-    from mjoin.reoptimize import check_input
+    from mjoin.loop.reoptimize import check_input
 
     with pytest.raises(NoChange, match="ends before the first landed cycle"):
         check_input(cfg, early)
@@ -462,7 +462,7 @@ def test_check_input_waits_for_the_last_cycle_then_judges_it(tmp_path, seed_quer
     """A scheduled run at ...:31.9 judges [.., :30); the feed lands the cycle [:20, :30) a moment later: the gate
     waits for it (not judging a half-landed cycle), then passes. A sparse source with no folder for the last
     cycle makes it wait for the landing allowance, after which the cycle counts as empty."""
-    from mjoin.reoptimize import check_input, prepare
+    from mjoin.loop.reoptimize import check_input, prepare
 
     lake = Lake(str(tmp_path / "lake"))
     cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "landing_allowance": 30},
@@ -498,8 +498,8 @@ def test_check_input_waits_for_the_last_cycle_then_judges_it(tmp_path, seed_quer
 # ---- outcomes of every run, also a failed prepare -----------------------------------------------------
 
 def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
-    from mjoin.reoptimize import fallback_context, lenient_config, note_failure
-    from mjoin.ui import read_outcomes
+    from mjoin.loop.reoptimize import fallback_context, lenient_config, note_failure
+    from mjoin.loop.ui import read_outcomes
 
     params = {"query": QUERY, "lake": str(tmp_path), "gates": {"null_frac": 0.5}, "period": 60, "cycle": 10}
     cfg, problem = lenient_config(params, run_id="manual__x", run_type="manual")
@@ -520,7 +520,7 @@ def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
 
 
 def test_a_second_run_over_the_same_interval_keeps_its_own_folder(tmp_path):
-    from mjoin.reoptimize import run_dir
+    from mjoin.loop.reoptimize import run_dir
 
     a = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="scheduled__1")
     b = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="manual__2026-01-01T00:05:33+00:00")
@@ -535,9 +535,9 @@ def test_a_second_run_over_the_same_interval_keeps_its_own_folder(tmp_path):
 # ---- trigger-time checks ----------------------------------------------------------------------------
 
 def test_unknown_params_are_named_and_the_query_param_is_a_choice():
-    from mjoin.dag_params import REOPTIMIZE_PARAMS, query_choices
-    from mjoin.query import list_queries
-    from mjoin.trigger_checks import trigger_target, unknown_params
+    from mjoin.loop.params import REOPTIMIZE_PARAMS, query_choices
+    from mjoin.model.query import list_queries
+    from mjoin.loop.trigger_checks import trigger_target, unknown_params
 
     assert set(list_queries()) <= set(query_choices())
     assert REOPTIMIZE_PARAMS["query"][2]["enum"] == query_choices()
@@ -554,7 +554,7 @@ def test_unknown_params_are_named_and_the_query_param_is_a_choice():
 
 def test_evaluate_over_a_range_without_data_is_a_clear_error(tmp_path, seed_query, capsys):
     from mjoin.cli import main
-    from mjoin.evaluate import EvalConfig, EvaluationError, check_has_data
+    from mjoin.evaluation.evaluate import EvalConfig, EvaluationError, check_has_data
 
     lake = Lake(str(tmp_path / "lake"))
     _land_cycles(lake, seed_query, [LIVE0, LIVE0 + 10])
@@ -573,7 +573,7 @@ def test_continuous_check_input_reports_what_the_job_quarantined_since_the_last_
     """In continuous mode the running job enforces the landing contract; check_input says what it quarantined
     (rows by reason, files by rule) in the batches since the previous run reported, from its metrics."""
     from mjoin.engine.metrics import write_record
-    from mjoin.reoptimize import check_input, prepare
+    from mjoin.loop.reoptimize import check_input, prepare
 
     lake = Lake(str(tmp_path / "lake"))
     cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "mode": "continuous"},
@@ -609,7 +609,7 @@ def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, s
     report, and the forecast gate step passes; with ``forecast_bound`` off the gate fails as before."""
     import pandas as pd
 
-    from mjoin.reoptimize import check_forecast, forecast, stats_root
+    from mjoin.loop.reoptimize import check_forecast, forecast, stats_root
     from mjoin.stats.history import write_cycle
     from test_forecast import T0, TAU, step_history
 
@@ -639,7 +639,7 @@ def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, s
 def test_forecast_bound_is_a_dag_param_of_the_loop_config():
     from dataclasses import fields
 
-    from mjoin.dag_params import REOPTIMIZE_PARAMS
+    from mjoin.loop.params import REOPTIMIZE_PARAMS
 
     default, typ, _, doc = REOPTIMIZE_PARAMS["forecast_bound"]
     assert default is True and typ == "boolean" and "last value" in doc

@@ -9,10 +9,10 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin import fsutil, quarantine
+from mjoin.lake import fsutil, quarantine
 from mjoin.engine.results import (BATCH_COLUMN, RowFiles, clear_batches, committed_batches, range_name,
                                   read_results_arrow, result_fingerprint, with_batch_column)
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 
 def _rows(batch: int, n: int, base: int = 0) -> pa.Table:

@@ -1,10 +1,10 @@
-"""mjoin.sketch: skimmed-sketch estimators against exact numpy computations."""
+"""mjoin.stats.sketch: skimmed-sketch estimators against exact numpy computations."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mjoin import sketch as sk
+from mjoin.stats import sketch as sk
 
 
 def zipf_keys(rng, n, z, domain, shift=0):

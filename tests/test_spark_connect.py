@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from mjoin.lake import Lake
-from mjoin.resources import Resources
+from mjoin.lake.layout import Lake
+from mjoin.runtime.resources import Resources
 from mjoin.stats import history
 from mjoin.stats.job import StatsConfig, run_statistics
 from test_stats_helpers import FOUR_STREAMS, T0, four_streams_query, write_stream
@@ -26,7 +26,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from mjoin import connect_server
+    from mjoin.runtime import connect_server
 
     folder = tmp_path_factory.mktemp("connect")
     res = Resources(spark_master="local[2]", shuffle_partitions=4)
@@ -100,7 +100,7 @@ def test_cli_over_connect_writes_the_history_in_process_spark_writes(spark, serv
 
 
 def test_status_restart_and_a_server_that_does_not_answer(server, data):
-    from mjoin import connect_server
+    from mjoin.runtime import connect_server
 
     st = _mjoin(["spark-connect", "status", "--dir", str(server["dir"]), "--json"])
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "running"
@@ -120,8 +120,8 @@ def test_processes_share_one_session_and_skip_a_closed_one(server):
     """Every process of a job kind joins the same server session (its Python workers stay warm); a session
     the server closed is skipped for the next stable id."""
     code = f"""
-from mjoin.resources import Resources
-from mjoin.sparkutil import connect_session, session_url
+from mjoin.runtime.resources import Resources
+from mjoin.runtime.spark import connect_session, session_url
 r = Resources(spark_remote={server['url']!r}, shuffle_partitions=4)
 a = connect_session(r, name="closing")
 assert a._mjoin_session_url == session_url(r.spark_remote, "closing", 0)
@@ -136,7 +136,7 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(PROJECT / "include")))
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-    from mjoin.sparkutil import session_url
+    from mjoin.runtime.spark import session_url
 
     url = "sc://h:1"
     assert session_url(url, "x") == session_url(url, "x") != session_url(url, "y")

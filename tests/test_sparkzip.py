@@ -1,10 +1,10 @@
-"""mjoin.sparkzip: bytecode beside the sources of a zip that Python imports from (Spark's worker path)."""
+"""mjoin.runtime.sparkzip: bytecode beside the sources of a zip that Python imports from (Spark's worker path)."""
 import os
 import subprocess
 import sys
 import zipfile
 
-from mjoin import sparkzip
+from mjoin.runtime import sparkzip
 
 
 def _zip(path, files):

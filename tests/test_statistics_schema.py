@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from mjoin.schemas import SchemaError
-from mjoin.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
+from mjoin.model.schemas import SchemaError
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
 
 
 def uniform_stats(query, gamma=0.5, mu=2.0):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine_helpers import duckdb_connect, replay_tpcds
-from mjoin.lake import Lake
-from mjoin.query import load_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import load_query
 
 pytestmark = pytest.mark.spark
 
@@ -53,10 +53,10 @@ def test_band_edges_count_only_matches_within_the_band(spark, tmp_path):
 def test_optimizer_prices_band_steps_with_their_matches(spark, tmp_path):
     """With the band measured, an order's predicted cost falls (fewer matches per hit on band edges), so the
     optimizer weighs a band step by what the engine really does."""
-    from mjoin.cost import plan_cost
-    from mjoin.optimize import optimize
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import parse_query
+    from mjoin.optimizer.cost import plan_cost
+    from mjoin.optimizer.strategies import optimize
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import parse_query
     from mjoin.stats.job import compute_statistics
 
     lake = Lake(str(tmp_path / "lake"))
@@ -83,8 +83,8 @@ def test_band_alone_edges_and_keyless_streams(spark, tmp_path):
     import sys
 
     from mjoin.gates import check_statistics
-    from mjoin.optimize import optimize
-    from mjoin.query import parse_query
+    from mjoin.optimizer.strategies import optimize
+    from mjoin.model.query import parse_query
     from mjoin.stats.job import compute_statistics
     from mjoin.stats.sources import US
 

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.lake import Lake
-from mjoin.query import parse_query
+from mjoin.lake.layout import Lake
+from mjoin.model.query import parse_query
 from mjoin.stats.job import StatsConfig, compute_statistics
 from test_stats_helpers import T0
 
@@ -129,7 +129,7 @@ def test_event_time_from_an_expression_stays_with_spark(spark, mixed):
 
 def test_decimal_epoch_seconds_are_read_on_the_driver_as_spark_reads_them(spark, tmp_path):
     """Epoch seconds declared double but landed as decimals (the landing contract accepts any fractional type):
-    the driver read computes them exactly as Spark does (mjoin.eventtime: decimal arithmetic, HALF_UP), so the
+    the driver read computes them exactly as Spark does (mjoin.model.eventtime: decimal arithmetic, HALF_UP), so the
     interval is read on the driver and gives Spark's statistics."""
     import decimal
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin.query import parse_query
+from mjoin.model.query import parse_query
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.lake import Lake
-from mjoin.statistics import Statistics, StatisticsError
+from mjoin.lake.layout import Lake
+from mjoin.model.statistics import Statistics, StatisticsError
 from mjoin.stats import history
 from mjoin.stats.job import StatsConfig, StatsJobError, compute_statistics, run_statistics
 from test_stats_helpers import (T0, canon, compare, four_streams_query, make_rows, measured, reference_edges,
@@ -350,8 +350,8 @@ def test_cli_takes_key_groups_from_the_active_plan(dataset, tmp_path):
     import argparse
 
     from mjoin.commands.stats import _partitioning
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.registry import PlanRegistry
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.lake.registry import PlanRegistry
 
     q, _, _ = dataset
     lake = Lake(str(tmp_path / "lake"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mjoin.lake import Lake
-from mjoin.sketch import SketchConfig
+from mjoin.lake.layout import Lake
+from mjoin.stats.sketch import SketchConfig
 from mjoin.stats.job import StatsConfig, compute_statistics
 from test_stats_helpers import T0, four_streams_query, make_rows, write_stream
 

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import assert_same_results, no_leaked_queries, reference, replay_tpcds
-from mjoin import contract
+from mjoin.lake import contract
 from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
 from mjoin.engine.state import StateStore
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 
 pytestmark = pytest.mark.spark
 _ = no_leaked_queries

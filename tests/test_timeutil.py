@@ -2,7 +2,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from mjoin.timeutil import cycles, format_duration, iso, parse_duration, parse_time, to_micros
+from mjoin.model.timeutil import cycles, format_duration, iso, parse_duration, parse_time, to_micros
 
 
 @pytest.mark.parametrize("text, seconds", [(90, 90), ("90s", 90), ("10m", 600), ("2h", 7200), ("1d", 86400),

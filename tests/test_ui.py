@@ -1,9 +1,9 @@
 """The plugin's pages render the registry from the lake, and never serve files outside the report folder."""
 import json
 
-from mjoin.plan import make_plan, orders_from_permutation
-from mjoin.registry import PlanRegistry
-from mjoin.ui import registry_json, registry_page, report_file
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.lake.registry import PlanRegistry
+from mjoin.loop.ui import registry_json, registry_page, report_file
 
 
 def test_registry_page_and_json(lake, seed_query):

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from mjoin.lake import Lake
+from mjoin.lake.layout import Lake
 from mjoin.workloads import WorkloadError, cycles_bound, generate_tpcds, land
 from mjoin.workloads.tpcds_cache import ensure_tables
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import preset_statistics
-from mjoin.cost import CostModel, plan_cost
-from mjoin.cycle_loop import covering_orders
-from mjoin.optimize import optimize
-from mjoin.query import parse_query
-from mjoin.statistics import Statistics
+from mjoin.optimizer.cost import CostModel, plan_cost
+from mjoin.evaluation.cycle_loop import covering_orders
+from mjoin.optimizer.strategies import optimize
+from mjoin.model.query import parse_query
+from mjoin.model.statistics import Statistics
 from mjoin.workloads.presets import preset_document
 from mjoin.workloads.schedule import load_schedule
 from mjoin.workloads.synthetic import query_document

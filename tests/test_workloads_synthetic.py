@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.query import load_query
+from mjoin.model.query import load_query
 from mjoin.workloads import ScheduleError, WorkloadError, generate_synthetic, load_schedule, parse_schedule
 
 RATE = 20.0

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.timeutil import to_micros
+from mjoin.model.timeutil import to_micros
 from mjoin.workloads import WorkloadError, generate_tpcds, load_manifest
 from mjoin.workloads.tpcds_cache import STREAM_TABLES, ensure_tables
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.query import load_query
+from mjoin.model.query import load_query
 from mjoin.workloads import PRESETS, ScheduleError, generate_synthetic, load_schedule
 
 #: Content digests of every preset (4 streams, 60 s, rate 20, domain 200, window 30s, seed 3), computed with the

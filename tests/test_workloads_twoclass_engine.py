@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from engine_helpers import T0, assert_same_results, synthetic_with_reference
-from mjoin.cycle_loop import covering_orders
+from mjoin.evaluation.cycle_loop import covering_orders
 from mjoin.engine import EngineConfig, read_metrics, read_results
 from mjoin.engine.interval import run_interval_plans
-from mjoin.plan import make_plan, orders_from_permutation
+from mjoin.model.plan import make_plan, orders_from_permutation
 
 START, END, CYCLE = T0 + 60, T0 + 180, 30  # 4 batches of 30 s after a 1-minute warm-up
 SCHEDULE = {"defaults": {"zipf": 0.5, "domain": 40},

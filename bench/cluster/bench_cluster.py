@@ -38,9 +38,9 @@ FILES_PER_BATCH = 8
 def side(args) -> int:
     """One driver process: warm up, then the measured interval run and streaming catch-up; prints JSON."""
     from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
-    from mjoin.lake import Lake
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.lake.layout import Lake
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     conf = dict(kv.split("=", 1) for kv in args.conf.split(",") if kv) if args.conf else {}
     t0 = time.perf_counter()
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.side:
         return side(args)
-    from mjoin import cluster
+    from mjoin.runtime import cluster
     from mjoin.engine.metrics import git_commit, machine
     from mjoin.workloads import generate_tpcds, land, load_manifest
 

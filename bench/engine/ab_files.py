@@ -49,10 +49,10 @@ def files_written(out: Path) -> dict:
 def worker(args) -> None:
     """In a child process (``PYTHONPATH`` = the tree's include/): JSON lines, one per run."""
     from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
-    from mjoin.plan import load_plan
-    from mjoin.query import load_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.model.plan import load_plan
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     q = load_query(QUERY)
     plan = load_plan(args.plan, q) if args.plan else None

@@ -18,8 +18,8 @@ in the tasks), so on a shared machine it is not inflated by other processes as w
 
 The prediction: the statistics job (``mjoin.stats.job.compute_statistics``, the one
 statistics format, measured from the data and not from the probes) gives per cycle
-``lambda, kappa, gamma, mu``; the cost model (``mjoin.cost.plan_cost``) with coefficients
-calibrated from this run's own engine metrics (``mjoin.calibrate``, the one calibration
+``lambda, kappa, gamma, mu``; the cost model (``mjoin.optimizer.cost.plan_cost``) with coefficients
+calibrated from this run's own engine metrics (``mjoin.optimizer.calibrate``, the one calibration
 path; NNLS of per-step CPU time on lookups, lookups*log2(kappa), matches and calls) gives
 each order's expected probing seconds per second of input; times the cycle length, summed
 over the cycles. Spearman's rho between prediction and each measurement says whether the
@@ -106,7 +106,7 @@ def summarise(name: str, summary, records: list) -> dict:
 def predicted_costs(query, stats_by_cycle: list, plans: dict, model, cycle_s: float) -> dict:
     """Expected probing seconds of each plan over the interval: sum over cycles of
     ``plan_cost`` (seconds per second of input, Eq. 1-8 with the calibrated model) x cycle length."""
-    from mjoin.cost import plan_cost
+    from mjoin.optimizer.cost import plan_cost
 
     return {name: sum(plan_cost(query, st, plan, model) for st in stats_by_cycle) * cycle_s
             for name, plan in plans.items()}
@@ -147,13 +147,13 @@ def spread(rows: list, keys) -> dict:
 
 
 def run_query(spark, args, lake, qname: str, start: int, end: int, work: Path) -> dict:
-    from mjoin.calibrate import CalibrationError, calibrate, engine_observations
-    from mjoin.cost import CostModel
+    from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
+    from mjoin.optimizer.cost import CostModel
     from mjoin.engine import EngineConfig, read_metrics, run_interval
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.metrics import machine
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
     from mjoin.stats.job import compute_statistics
 
     query = load_query(qname)
@@ -212,7 +212,7 @@ def run_query(spark, args, lake, qname: str, start: int, end: int, work: Path) -
     orders = sorted((median_over_rounds(rounds[n]) for n in plans), key=lambda r: r["batch_seconds"])
     prefilter = [median_over_rounds(rounds[n]) for n in pre_plans]
 
-    # one calibration path: mjoin.calibrate on the engine's per-step metrics (CPU time)
+    # one calibration path: mjoin.optimizer.calibrate on the engine's per-step metrics (CPU time)
     calibration = {}
     model = None
     obs = engine_observations(calib_records)
@@ -289,10 +289,10 @@ def run_query(spark, args, lake, qname: str, start: int, end: int, work: Path) -
 def run(args) -> list:
     from engine_helpers import T0, replay_tpcds
 
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-engine-"))
     lake = Lake(str(work / "lake"))

@@ -21,7 +21,7 @@ are few next to that: the order decides most of the work.
 
 In ONE run (after an unmeasured warm-up, rounds in a fresh random order, medians): the 24 fixed orders
 (``fixedOrder``: every stream probes the others in the permutation's order) and the plans of ``exact``,
-``dppick``, ``selectivity_first`` and ``greedy`` (``mjoin.optimize``), optimized on the statistics job's
+``dppick``, ``selectivity_first`` and ``greedy`` (``mjoin.optimizer.strategies``), optimized on the statistics job's
 statistics of the cycle before the interval (what a re-optimization at the interval's start sees), with
 the cost model calibrated on this machine by run_bench.py (``results/orders_full.json``; the
 uncalibrated default model as well). All pipelined interval runs (``run_interval_plans``). The prediction
@@ -131,17 +131,17 @@ def rank_of(rows: list, name: str, key: str) -> int:
 
 
 def run(args) -> dict:
-    from mjoin.calibrate import CalibrationError, calibrate, engine_observations
-    from mjoin.cost import CostModel
+    from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
+    from mjoin.optimizer.cost import CostModel
     from mjoin.engine import EngineConfig, read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.metrics import machine
-    from mjoin.lake import Lake
-    from mjoin.optimize import compare
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.lake.layout import Lake
+    from mjoin.optimizer.strategies import compare
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
     from mjoin.stats.job import compute_statistics
     from mjoin.workloads import generate_synthetic
 

@@ -7,7 +7,7 @@ Each version (``--base``: a git ref, checked out in a temporary worktree; and th
 process, the versions alternating ``--reps`` times. A process builds the statistics history of the L cycles
 before the measured interval (not timed), then times what one re-optimization costs:
 
-- per 10-s cycle, ``mjoin.cycle_loop.CycleLoop.step`` as ``replay`` calls it (statistics job of the cycle,
+- per 10-s cycle, ``mjoin.evaluation.cycle_loop.CycleLoop.step`` as ``replay`` calls it (statistics job of the cycle,
   history read, statistics gate, Holt, forecast gate, dppick, plan gate), ``--cycles`` cycles;
 - per DAG period, ``run_evaluation.period_overhead`` (one statistics job over the period, the same steps once);
 - what the fixed costs are made of: Spark jobs and py4j round trips per statistics job, the job's own phases
@@ -53,8 +53,8 @@ GX_PARTS = {
                ("mjoin/gates/frames.py", "mark_expected_groups"), ("mjoin/gates/forecast.py", "plausibility_frame")],
     "gates": [("mjoin/gates/stats.py", "check_statistics"), ("mjoin/gates/forecast.py", "check_forecast"),
               ("mjoin/gates/plan.py", "check_plan")],
-    "forecast_fits": [("mjoin/forecast.py", "forecast_series")],
-    "forecast": [("mjoin/forecast.py", "forecast")],
+    "forecast_fits": [("mjoin/forecast/holt.py", "forecast_series")],
+    "forecast": [("mjoin/forecast/holt.py", "forecast")],
 }
 
 
@@ -93,11 +93,11 @@ def child(args) -> dict:
     import py4j.clientserver as cs
 
     import run_evaluation as rev
-    from mjoin.cycle_loop import CycleLoop, LoopSettings
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.evaluation.cycle_loop import CycleLoop, LoopSettings
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
     from mjoin.stats.history import read_history
     from mjoin.stats.job import run_statistics
 

@@ -122,8 +122,8 @@ def summarize(over: dict, cycle: int) -> dict:
 
 
 def run(args) -> dict:
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
     from mjoin.workloads import load_manifest
 
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-overhead-rate-"))
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("py4j", "mjoin.engine.interval", "mjoin.engine.batch", "mjoin.stats", "great_expectations",
-                 "mjoin.forecast"):
+                 "mjoin.forecast.holt"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("mjoin.gates").setLevel(logging.ERROR)
     Path(args.out).mkdir(parents=True, exist_ok=True)

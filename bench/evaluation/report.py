@@ -235,7 +235,7 @@ def markdown(r: dict) -> str:
 
 
 def _bounded(gate_outcomes: dict) -> str:
-    """Runs with the forecast's bound (mjoin.forecast_bound): in how many cycles Holt values were replaced."""
+    """Runs with the forecast's bound (mjoin.forecast.bound): in how many cycles Holt values were replaced."""
     b = gate_outcomes.get("forecast_out_of_range")
     return f"; Holt replaced by the last value in {b['cycles']} ({b['series']} series)" if b else ""
 

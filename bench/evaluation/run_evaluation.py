@@ -8,7 +8,7 @@
 Writes ``bench/evaluation/results/evaluation[_quick][_<tag>].json`` (machine, load before/after per section, versions,
 git commit, date, parameters, every measurement with its repetitions) and ``.png`` plots beside it.
 
-**What runs per cycle** (``mjoin.cycle_loop``, the steps of one ``mjoin_reoptimize`` run, every statistics
+**What runs per cycle** (``mjoin.evaluation.cycle_loop``, the steps of one ``mjoin_reoptimize`` run, every statistics
 cycle tau instead of every period): after cycle k has landed, the statistics job for cycle k
 (``run_statistics``, appended to an append-only history) -> statistics gate (great-expectations) -> Holt
 forecast of cycle k+1 over the last L cycles -> forecast gate -> per strategy: optimize (on the forecast;
@@ -167,7 +167,7 @@ def selective_workload(work: Path, quick: bool) -> Path:
 
 
 def spec_of(workload: Path, name: str | None):
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     return load_query(name) if name else load_query(str(workload / "query.yaml"))
 
@@ -188,11 +188,11 @@ def measure_orders(spark, query, lake, start: int, end: int, tau: int, orders: l
                    seed: int, warmup: bool = True) -> dict:
     """The fixed plans of ``orders`` over ``[start, end)``, ``reps`` rounds in a fresh random order each (after an
     unmeasured warm-up run): per round the merged chain and base costs, per plan its measured totals."""
-    from mjoin.cycle_loop import chain_costs, merge_runs
+    from mjoin.evaluation.cycle_loop import chain_costs, merge_runs
     from mjoin.engine import EngineConfig, read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.results import result_fingerprint
-    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.model.plan import make_plan, orders_from_permutation
 
     config = EngineConfig(buckets=4)
     plans = {"".join(o): make_plan(query, orders_from_permutation(query, list(o)), "fixed") for o in orders}
@@ -271,7 +271,7 @@ def switching_run(spark, query, lake, start: int, end: int, tau: int, schedule: 
 # ---- the loop and the composed costs ------------------------------------------------------------------
 
 def cost_model():
-    from mjoin.cost import CostModel
+    from mjoin.optimizer.cost import CostModel
 
     doc = json.loads(PRIOR_MODEL.read_text())
     return CostModel.from_json(doc["calibration"]["cpu_seconds"]["model"])
@@ -279,7 +279,7 @@ def cost_model():
 
 def run_loop(spark, query, lake, start, end, tau, length, orders, strategies, work: Path, gates=None,
              history: Path | None = None):
-    from mjoin.cycle_loop import LoopSettings, replay
+    from mjoin.evaluation.cycle_loop import LoopSettings, replay
 
     settings = LoopSettings(strategies=tuple(strategies), length=length, cycle=float(tau), gates=gates or {},
                             cost_model=cost_model())
@@ -292,7 +292,7 @@ def run_loop(spark, query, lake, start, end, tau, length, orders, strategies, wo
 
 def compose_all(sched, measured: dict) -> dict:
     """Per (initial order, strategy), gated and ungated: composed cost per round, then median and spread."""
-    from mjoin.cycle_loop import compose
+    from mjoin.evaluation.cycle_loop import compose
 
     out = {}
     for kind in ("gated", "ungated"):
@@ -379,7 +379,7 @@ def composition_check(measured: dict, sched, costs: dict) -> dict:
 def changes_report(sched, measured: dict, strategies) -> dict:
     """Plan changes with and without the gate's hysteresis, and whether each paid (measured task CPU, median
     round), for the first initial order."""
-    from mjoin.cycle_loop import compose, plan_changes
+    from mjoin.evaluation.cycle_loop import compose, plan_changes
 
     ch, base = measured["rounds"][len(measured["rounds"]) // 2]
     ids = measured["batch_ids"]
@@ -433,10 +433,10 @@ def period_overhead(spark, query, lake, loop_from: int, start: int, end: int, ta
                     n_periods: int, work: Path) -> dict:
     """The loop at the DAG's period: one statistics job over the period's cycles, the gates, one forecast, dppick
     and its plan gate, timed per period; the join's engine time for the same period is the caller's."""
-    from mjoin.cost import plan_cost
-    from mjoin.forecast import forecast
+    from mjoin.optimizer.cost import plan_cost
+    from mjoin.forecast.holt import forecast
     from mjoin.gates import check_forecast, check_plan, check_statistics
-    from mjoin.optimize import optimize
+    from mjoin.optimizer.strategies import optimize
     from mjoin.stats.history import read_history
     from mjoin.stats.job import run_statistics
 
@@ -481,7 +481,7 @@ def period_overhead(spark, query, lake, loop_from: int, start: int, end: int, ta
 # ---- sections -------------------------------------------------------------------------------------------
 
 def paper_workload(spark, args, label: str, workload: Path, qname: str | None, work: Path, all_orders: bool) -> dict:
-    from mjoin.cycle_loop import covering_orders
+    from mjoin.evaluation.cycle_loop import covering_orders
 
     query = spec_of(workload, qname)
     tau = args.cycle
@@ -508,7 +508,7 @@ def paper_workload(spark, args, label: str, workload: Path, qname: str | None, w
         doc["loop"]["gate_outcomes"] = {
             "stats_gate": _count(r.get("stats_gate") for r in sched.cycles),
             "forecast_gate": _count(r.get("forecast_gate") for r in sched.cycles),
-            # Holt forecasts outside the gate's range replaced by the last value (mjoin.forecast's bound)
+            # Holt forecasts outside the gate's range replaced by the last value (mjoin.forecast.holt's bound)
             "forecast_out_of_range": {"series": sum(r.get("forecast_out_of_range", 0) for r in sched.cycles),
                                       "cycles": sum(1 for r in sched.cycles if r.get("forecast_out_of_range"))},
             "cycles": len(sched.cycles), "measured_from_cycle": offset}
@@ -626,7 +626,7 @@ def sensitivity_section(spark, args, work: Path, workload: Path, query_name: str
     """tau and L on the seed query (or a drift preset's workload, ``query_name`` None: its own query.yaml):
     dppick's composed cost per cycle length (engine runs of the covering orders at each tau) and per history
     length (the engine runs at the default tau, the loop re-run with another L)."""
-    from mjoin.cycle_loop import covering_orders
+    from mjoin.evaluation.cycle_loop import covering_orders
 
     query = spec_of(workload, query_name)
     out = {"cycle": [], "length": [], "workload": str(workload), "query": query.name, "limit_s": args.sens_limit}
@@ -741,7 +741,7 @@ def qname_or_path(query) -> str:
 
 
 def _lake(workload: Path):
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
     return Lake(str(workload))
 
@@ -799,7 +799,7 @@ def peer_job(path: str) -> int:
     runs; peak resident memory of this process tree over them. Prints PEER_RESULT."""
     import peers
 
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     job = json.loads(Path(path).read_text())
     query = load_query(job["query"])
@@ -816,9 +816,9 @@ def peer_job(path: str) -> int:
     else:
         from mjoin.engine import EngineConfig, read_metrics, run_interval
         from mjoin.engine.results import result_fingerprint
-        from mjoin.plan import load_plan
-        from mjoin.resources import Resources
-        from mjoin.sparkutil import get_spark
+        from mjoin.model.plan import load_plan
+        from mjoin.runtime.resources import Resources
+        from mjoin.runtime.spark import get_spark
 
         spark = get_spark("mjoin-eval-peer", Resources(spark_master="local[2]", shuffle_partitions=4))
         plan = load_plan(job["plan"], query) if job["engine"] == "mjoin" else None
@@ -864,8 +864,8 @@ def strip(doc):
 
 
 def run(args) -> dict:
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-eval-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -960,7 +960,7 @@ def overhead_section(spark, args, doc: dict, work: Path) -> dict:
 def _per_batch_wall(doc: dict) -> list:
     """dppick's composed engine time per batch for the first initial order: per batch the median over the engine's
     rounds (before, the middle round in run order, which one slow round could be)."""
-    from mjoin.cycle_loop import compose
+    from mjoin.evaluation.cycle_loop import compose
 
     sched, measured = doc["_sched"], doc["_measured"]
     key = (sched_orders(sched)[0], "dppick")
@@ -1043,7 +1043,7 @@ def main(argv=None) -> int:
     args.peer_reps = args.peer_reps or (1 if q else 3)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("py4j", "mjoin.engine.interval", "mjoin.engine.batch", "mjoin.stats", "great_expectations",
-                 "mjoin.forecast"):
+                 "mjoin.forecast.holt"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("mjoin.gates").setLevel(logging.ERROR)  # a failed gate is an outcome here, counted
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ the engine's measured lookups + matches of that stream's chain. No Spark: numpy 
 
 Versions of the model compared:
 
-- ``last_mu``: ``rho_k = u_k`` at a class change, the model as merged (``mjoin.cost.order_cost``; the oracle's
+- ``last_mu``: ``rho_k = u_k`` at a class change, the model as merged (``mjoin.optimizer.cost.order_cost``; the oracle's
   picks, so its picked work is the run's oracle work, a check that the statistics are read as the loop read them);
 - ``run_product``: ``rho_k`` the product of ``u`` over the run of same-class steps before the class change, i.e.
   every partial result the factorised run materialises (the fix prototyped on branch ``h38-twoclass-model``,
@@ -40,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "include"))
 
-from mjoin.cost import CostModel, JoinProblem, order_cost  # noqa: E402
-from mjoin.query import load_query  # noqa: E402
+from mjoin.optimizer.cost import CostModel, JoinProblem, order_cost  # noqa: E402
+from mjoin.model.query import load_query  # noqa: E402
 from mjoin.stats.history import read_history, snapshot  # noqa: E402
 
 #: one unit per lookup and per fetched tuple: the model's cost in the engine's lookups + matches
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             if len(cands) < 2:
                 continue
             # greedy_MSJ's pick on the same statistics (immediate cost, calibrated model)
-            from mjoin.optimizers.baselines import greedy
+            from mjoin.optimizer.baselines import greedy
 
             gp = greedy(P, calibrated)[P.index[s]]
             g_order = "".join(P.names[r] for _, r in gp)

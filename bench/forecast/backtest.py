@@ -42,8 +42,8 @@ def smape(f, a):
 
 
 def history_for(spark, workload, minutes, cycle, sf, tmp):
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
     from mjoin.stats.history import read_history
     from mjoin.stats.job import run_statistics
 
@@ -68,7 +68,7 @@ def history_for(spark, workload, minutes, cycle, sf, tmp):
 
 
 def backtest(history: pd.DataFrame, length: int, warmup: int):
-    from mjoin.forecast import ForecastConfig, forecast
+    from mjoin.forecast.holt import ForecastConfig, forecast
 
     cycles = sorted(history["cycle_start"].unique())
     rows = []

@@ -1,6 +1,6 @@
 """Speed of the forecast: fitting hundreds of series per re-optimization must take seconds.
 
-Times ``mjoin.forecast.forecast`` on synthetic histories of 4 streams x 12 edges x G key
+Times ``mjoin.forecast.holt.forecast`` on synthetic histories of 4 streams x 12 edges x G key
 groups (36 G series, half of them trending, some constant), and single-series fits of the
 alternatives: statsmodels' defaults (L-BFGS-B after a brute-force start grid), SLSQP with and
 without the brute grid (ours: without), and ETSModel (which has prediction intervals).
@@ -30,7 +30,7 @@ from _common import machine_info, write_json  # noqa: E402
 
 
 def synthetic_history(query, cycles: int, groups: int, seed: int = 0) -> pd.DataFrame:
-    from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+    from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -87,8 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
-    from mjoin.forecast import forecast
-    from mjoin.query import load_query
+    from mjoin.forecast.holt import forecast
+    from mjoin.model.query import load_query
 
     query = load_query("tpcds_returns_by_address")
     group_counts = [1, 4] if args.quick else [1, 4, 8, 16]
@@ -127,7 +127,7 @@ def _plot(doc, path):
     ax[0].plot([w["series"] for w in doc["forecast"]], [w["seconds"] for w in doc["forecast"]], "o-")
     ax[0].set_xlabel("series per re-optimization")
     ax[0].set_ylabel("seconds")
-    ax[0].set_title("mjoin.forecast.forecast (Holt, SLSQP, no brute grid)", fontsize=9)
+    ax[0].set_title("mjoin.forecast.holt.forecast (Holt, SLSQP, no brute grid)", fontsize=9)
     names = list(doc["alternatives"])
     ax[1].barh(names, [doc["alternatives"][n]["ms_per_series"] for n in names])
     for i, n in enumerate(names):

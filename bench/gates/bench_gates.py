@@ -51,7 +51,7 @@ def gx_import_seconds() -> float:
 
 
 def snapshot(query, cycle_start, seed):
-    from mjoin.statistics import EdgeStats, GroupStats, Statistics, StreamStats
+    from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 
     rng = np.random.default_rng(seed)
     g = GroupStats()
@@ -64,7 +64,7 @@ def snapshot(query, cycle_start, seed):
 
 
 def write_lake(root, query, files_per_stream: int, rows: int, statistics_: bool, t0: int):
-    from mjoin.lake import Lake
+    from mjoin.lake.layout import Lake
 
     lake = Lake(root)
     rng = np.random.default_rng(0)
@@ -158,9 +158,9 @@ def bench_gx(repeat: int, rows: int, spark) -> dict:
 
 def bench_gates(repeat: int, files: int, rows: int, spark) -> dict:
     from mjoin.gates import check_forecast, check_input, check_plan, check_statistics, history_from_statistics
-    from mjoin.plan import make_plan, orders_from_permutation
-    from mjoin.query import load_query
-    from mjoin.timeutil import iso
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
+    from mjoin.model.timeutil import iso
 
     q = load_query("tpcds_returns_by_address")
     t0 = 1767225600
@@ -227,8 +227,8 @@ def main() -> int:
          "input_files_per_stream": 3 if args.quick else 20, "input_rows_per_file": 2_000 if args.quick else 200_000}
     spark = None
     if not args.no_spark:
-        from mjoin.resources import Resources
-        from mjoin.sparkutil import get_spark
+        from mjoin.runtime.resources import Resources
+        from mjoin.runtime.spark import get_spark
 
         spark = get_spark("mjoin-bench-gates", Resources(spark_master="local[2]", shuffle_partitions=4))
     try:

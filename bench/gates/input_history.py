@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     import scipy
 
     from mjoin.gates import GateConfig, check_input
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
     from mjoin.workloads.live import run_live
 
     query = load_query("tpcds_returns_by_address")

@@ -4,7 +4,7 @@ greedy and selectivity_first, on random connected join graphs.
     python bench/optimizer/bench_optimizer.py            # full: n = 4..16, dppick until 60 s
     python bench/optimizer/bench_optimizer.py --quick    # smoke test, a few seconds
 
-Graphs (``mjoin.optimizers.synthetic``): ``complete`` = one attribute class over all
+Graphs (``mjoin.optimizer.synthetic``): ``complete`` = one attribute class over all
 streams (K_n, the seed query's shape grown to n streams; the worst case for dppick)
 and ``random`` = a random spanning tree plus extra edges with probability 0.4 and three
 predicate labels (mixed attribute classes, cycles, residual edges). Times are for the
@@ -31,12 +31,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "include"))
 
-from mjoin.cost import CostModel, JoinProblem  # noqa: E402
-from mjoin.optimize import optimize  # noqa: E402
-from mjoin.optimizers import baselines  # noqa: E402
-from mjoin.optimizers.dppick import dp_pick  # noqa: E402
-from mjoin.optimizers.exact import exact_dp  # noqa: E402
-from mjoin.optimizers.synthetic import query_from_edges, random_edges, random_statistics  # noqa: E402
+from mjoin.optimizer.cost import CostModel, JoinProblem  # noqa: E402
+from mjoin.optimizer.strategies import optimize  # noqa: E402
+from mjoin.optimizer import baselines  # noqa: E402
+from mjoin.optimizer.dppick import dp_pick  # noqa: E402
+from mjoin.optimizer.exact import exact_dp  # noqa: E402
+from mjoin.optimizer.synthetic import query_from_edges, random_edges, random_statistics  # noqa: E402
 
 GOALS = {12: 0.050, 16: 1.0}
 

@@ -27,9 +27,9 @@ def worker() -> None:
     import random
     import time
 
-    from mjoin.cost import CostModel, JoinProblem
-    from mjoin.optimizers.exact import exact_dp
-    from mjoin.optimizers.synthetic import query_from_edges, random_edges, random_statistics
+    from mjoin.optimizer.cost import CostModel, JoinProblem
+    from mjoin.optimizer.exact import exact_dp
+    from mjoin.optimizer.synthetic import query_from_edges, random_edges, random_statistics
 
     model = CostModel()
     for n in (12, 16):

@@ -10,13 +10,13 @@ Per workload, for each interval ``[t_k, t_k + P)`` after a warm-up, the plans th
 - ``D1``: one group, ``exact`` on the Holt forecast (the loop without partitioning);
 - ``D1_oracle``: one group, ``exact`` on the interval's own statistics (the best single-group plan in hindsight);
 - ``<method><D>``: the rule of ``method`` (hash, range, rate, cost) with ``D`` = 2, 4, 8, 16 groups made from the
-  per-cell statistics of the period before ``t_k`` (``mjoin.optimize.optimize_partitioned``, D forced), every
+  per-cell statistics of the period before ``t_k`` (``mjoin.optimizer.strategies.optimize_partitioned``, D forced), every
   group's orders by ``exact`` on the forecast of its groups (re-aggregated history);
 - ``chosen``: the loop's own choice (method and D auto: the cheapest by the cost model with the per-group
   overhead, priced out of sample; one group unless partitioning pays).
 
 The cost model is calibrated on this machine from unmeasured warm-up runs of the first interval (NNLS of the
-probe steps' CPU time, ``mjoin.calibrate``), and a probe chain's fixed cost is measured from the same metrics
+probe steps' CPU time, ``mjoin.optimizer.calibrate``), and a probe chain's fixed cost is measured from the same metrics
 (``chain_overhead_from_metrics``): what the loop refits from the live job. Rounds run the plans in a fresh
 random order each; medians over rounds. Per plan: engine time (the batches' wall time), task CPU (the
 operator tasks' thread CPU: the whole join work), chain and probe CPU, lookups and matches (probe work), key
@@ -79,8 +79,8 @@ def versions() -> dict:
 # ---- workloads ----------------------------------------------------------------------------------------
 
 def stripes_workload(work: Path, args, domain: int):
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
     from mjoin.workloads import generate_synthetic, land
 
     window, period = args.window, args.period
@@ -99,8 +99,8 @@ def stripes_workload(work: Path, args, domain: int):
 
 def tpcds_workload(work: Path, args):
     from engine_helpers import T0, replay_tpcds
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
 
     lake = Lake(str(work / "tpcds-lake"))
     info = replay_tpcds(lake, args.sf, rate=args.tpcds_rate, arrival_cycle=10)
@@ -114,9 +114,9 @@ def tpcds_workload(work: Path, args):
 # ---- plans of one interval ------------------------------------------------------------------------------
 
 def cells_of(root, q, a, b) -> dict:
-    from mjoin.optimizers.partitioning import Cells
+    from mjoin.optimizer.partitioning import Cells
     from mjoin.stats.history import CELL_KINDS, read_cells
-    from mjoin.timeutil import iso
+    from mjoin.model.timeutil import iso
 
     out = {}
     for kind in CELL_KINDS:
@@ -131,9 +131,9 @@ def cells_of(root, q, a, b) -> dict:
 
 def interval_plans(q, root, t, t_end, args, model, overhead) -> tuple[dict, dict]:
     """``({name: Plan}, {name: info})`` the loop could deploy at ``t`` (see the module doc)."""
-    from mjoin.forecast import forecast
-    from mjoin.optimize import optimize, optimize_partitioned
-    from mjoin.statistics import aggregate_rows
+    from mjoin.forecast.holt import forecast
+    from mjoin.optimizer.strategies import optimize, optimize_partitioned
+    from mjoin.model.statistics import aggregate_rows
     from mjoin.stats.cells import history_for_rule
     from mjoin.stats.history import read_history
 
@@ -186,11 +186,11 @@ def summarise(summary, records) -> dict:
 
 def calibrate_here(spark, q, lake, t, t_end, plans, work, config):
     """Unmeasured warm-up runs of the first interval; the cost model and the chain cost from their metrics."""
-    from mjoin.calibrate import CalibrationError, calibrate, engine_observations
-    from mjoin.cost import CostModel, GroupOverhead
+    from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
+    from mjoin.optimizer.cost import CostModel, GroupOverhead
     from mjoin.engine import read_metrics
     from mjoin.engine.interval import run_interval_plans
-    from mjoin.optimizers.partitioning import chain_overhead_from_metrics
+    from mjoin.optimizer.partitioning import chain_overhead_from_metrics
 
     res = run_interval_plans(spark, q, plans, lake, t, t_end, 10, str(work / "calibration"), config=config)
     records = [r for s in res.values() for r in read_metrics(s.metrics_path)]
@@ -212,11 +212,11 @@ def run_workload(spark, name, args, work: Path) -> dict:
     from mjoin.engine import EngineConfig, read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.results import result_fingerprint
-    from mjoin.evaluate import plan_signature
-    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.evaluation.evaluate import plan_signature
+    from mjoin.model.plan import make_plan, orders_from_permutation
     from mjoin.stats.history import history_root
     from mjoin.stats.job import StatsConfig, run_statistics
-    from mjoin.timeutil import iso
+    from mjoin.model.timeutil import iso
 
     if name.startswith("stripes"):  # stripes or stripes@<domain>
         q, lake, t0, first, params = stripes_workload(work, args, int(name.partition("@")[2] or args.domain))
@@ -362,7 +362,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.spark import get_spark
 
     load_before = os.getloadavg()
     started = datetime.now(timezone.utc)

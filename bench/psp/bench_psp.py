@@ -1,5 +1,5 @@
 """Benchmark: a pair joined by a band alone (PSP time-sliced state): latency and throughput against the number
-of time slices N, and the slice count the paper's latency model (Eq. 5, ``mjoin.psp.choose_slices``) picks
+of time slices N, and the slice count the paper's latency model (Eq. 5, ``mjoin.optimizer.psp.choose_slices``) picks
 against the measured best.
 
     python bench/psp/bench_psp.py            # TPC-DS sf 1 web/catalog returns, N = 1..8, 3 rounds
@@ -82,10 +82,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sf, slices, rounds = (0.1, [1, 2, 4], 1) if args.quick else (1.0, [1, 2, 3, 4, 6, 8], 3)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.psp import choose_slices, latency
-    from mjoin.query import parse_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.optimizer.psp import choose_slices, latency
+    from mjoin.model.query import parse_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
     from mjoin.workloads import generate_tpcds, land, load_manifest
 
     load_before = os.getloadavg()

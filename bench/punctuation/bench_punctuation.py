@@ -39,7 +39,7 @@ MODES = ("off", "eager", "lazy")
 def build(work: Path, minutes: int, rate: float) -> tuple:
     import yaml
 
-    from mjoin.query import parse_query
+    from mjoin.model.query import parse_query
     from mjoin.workloads import generate_synthetic, land
     from mjoin.workloads.punctuations import write_punctuations
 
@@ -58,8 +58,8 @@ def build(work: Path, minutes: int, rate: float) -> tuple:
 
 def run_mode(spark, query, landed: Path, mode: str, work: Path) -> dict:
     from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_stream
-    from mjoin.lake import Lake
-    from mjoin.plan import make_plan, orders_from_permutation
+    from mjoin.lake.layout import Lake
+    from mjoin.model.plan import make_plan, orders_from_permutation
 
     root = work / f"run-{mode}"
     shutil.rmtree(root, ignore_errors=True)
@@ -90,8 +90,8 @@ def main(argv=None) -> int:
     minutes = args.minutes or (8 if args.quick else 20)
     rounds = args.rounds or (1 if args.quick else 3)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     load_before = os.getloadavg()
     spark = get_spark("bench-punctuation", Resources(spark_master="local[2]", shuffle_partitions=4))

@@ -77,8 +77,8 @@ def worker(root: str, sf: float, rounds: int, work: str, densities: list, driver
     sys.path.insert(0, str(Path(root) / "bench" / "scale"))
     import bench_scale as B  # puts <root>/include and <root>/tests first on sys.path
 
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     spark = get_spark("bench-ab", Resources(spark_master="local[2]", shuffle_partitions=4), conf={"spark.driver.memory": "6g"})
     warm = False

@@ -41,8 +41,8 @@ def main(argv=None) -> int:
 
     from mjoin.engine.metrics import git_commit, machine
     from mjoin.engine.normalize import Inspected
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     work = Path(args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-rejects-{os.getpid()}")
     spark = get_spark("bench-rejects", Resources(spark_master="local[2]", shuffle_partitions=4),

@@ -9,10 +9,10 @@ Prints JSON lines and a SUMMARY; writes /tmp/h30/prof.json (results/scan-vs-sql-
 versions, commit)."""
 import json, os, shutil, statistics, time
 from mjoin.engine import EngineConfig, run_interval
-from mjoin.plan import load_plan
-from mjoin.query import load_query
-from mjoin.resources import Resources
-from mjoin.sparkutil import get_spark
+from mjoin.model.plan import load_plan
+from mjoin.model.query import load_query
+from mjoin.runtime.resources import Resources
+from mjoin.runtime.spark import get_spark
 job = json.load(open("/tmp/h30/job.json"))
 q = load_query(job["query"]); plan = load_plan(job["plan"], q)
 spark = get_spark("h30-prof", Resources(spark_master="local[2]", shuffle_partitions=4), conf={"spark.driver.memory": "6g"})

@@ -37,10 +37,10 @@ PATHS = {"driver": 10**7, "spark": 0}
 def worker(job: dict, rounds: int, paths: list, out: str) -> None:
     """In a child process (``mjoin`` imported from the tree on ``PYTHONPATH``): JSON lines, one per timed run."""
     from mjoin.engine import EngineConfig, result_fingerprint, run_interval
-    from mjoin.plan import load_plan
-    from mjoin.query import load_query
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.model.plan import load_plan
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     q = load_query(job["query"])
     plan = load_plan(job["plan"], q)

@@ -130,8 +130,8 @@ def drop_null_keys(landed: Path) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
 
     marker = landed / "no-null-keys.json"
     if marker.exists():
@@ -227,8 +227,8 @@ def duckdb_copy(landed: Path, span, target: Path, spill: Path) -> float:
     """The tests' reference query (engine_helpers.reference_sql) over the landed files, its results written to
     ``target`` as Parquet (zstd) in one DuckDB query; its wall seconds."""
     from engine_helpers import reference_sql
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
 
     sql = reference_sql(load_query(QUERY), Lake(str(landed)), span[0] * 1_000_000, span[1] * 1_000_000)
     con = duckdb_connect(spill)
@@ -247,7 +247,7 @@ def run_duckdb(landed: Path, out: Path, span, spill: Path) -> dict:
     from mjoin.engine.compiled import EngineQuery
     from mjoin.engine.frame import arrow_result_schema
     from mjoin.engine.results import fingerprint_tables
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -421,8 +421,8 @@ def main(argv=None) -> int:
     if args.plot:
         print(plot(results))
         return 0
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     work = Path(args.work) if args.work else Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
     python bench/scale/bench_seen.py                         # this tree against main, 720 and 5,000 files
     python bench/scale/bench_seen.py --base <rev> --files 720 5000 20000
 
-Side by side in one process, ``Seen`` of ``--base`` (its ``include/mjoin/contract.py`` from git) and of
+Side by side in one process, ``Seen`` of ``--base`` (its ``include/mjoin/lake/contract.py`` from git) and of
 this tree, on the same synthetic files (no footer is read: ``FileFacts`` as the contract builds them,
 4 streams, the lake's positional names ``part-<n>.parquet``, distinct footer fingerprints, sizes drawn
 from 20-60 kB, so equal sizes occur and are compared by their bytes, here of files that do not exist: both
@@ -35,16 +35,16 @@ sys.path.insert(0, str(PROJECT / "include"))
 
 
 def contract_of(rev: str):
-    """``mjoin.contract`` as it is at git ``rev`` (a module of its own, beside this tree's)."""
+    """``mjoin.lake.contract`` as it is at git ``rev`` (a module of its own, beside this tree's)."""
     import mjoin
 
-    src = subprocess.run(["git", "show", f"{rev}:include/mjoin/contract.py"], cwd=PROJECT, check=True,
+    src = subprocess.run(["git", "show", f"{rev}:include/mjoin/lake/contract.py"], cwd=PROJECT, check=True,
                          capture_output=True, text=True).stdout
     spec = importlib.util.spec_from_loader(f"mjoin._contract_{rev}", loader=None)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = mjoin.__name__
     sys.modules[spec.name] = mod  # (dataclasses look their module up)
-    exec(compile(src, f"{rev}:include/mjoin/contract.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:include/mjoin/lake/contract.py", "exec"), mod.__dict__)
     return mod
 
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, nargs="*", default=[720, 5000])
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
-    from mjoin import contract as new
+    from mjoin.lake import contract as new
     from mjoin.engine.metrics import git_commit, machine
 
     old = contract_of(args.base)

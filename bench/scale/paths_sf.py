@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     landed, manifest = B.workload(args.sf, args.density, Path(args.work))
     span = (int(manifest.doc["start_epoch"]), int(manifest.doc["start_epoch"]) + B.DENSITIES[args.density])

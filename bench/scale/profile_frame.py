@@ -156,8 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--conf", nargs="*", default=[], help="key=value Spark SQL settings for every variant")
     args = ap.parse_args(argv)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     work = Path(args.work or f"/tmp/profile-frame-{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)

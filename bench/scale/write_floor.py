@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     from mjoin.engine.compiled import EngineQuery
     from mjoin.engine.frame import arrow_result_schema
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.query import load_query
+    from mjoin.model.query import load_query
 
     work = Path(args.work)
     load_before = os.getloadavg()

@@ -62,8 +62,8 @@ def write_json(path, doc) -> None:
 
 def spark_session():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "include"))
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     return get_spark("mjoin-bench", Resources(spark_master="local[2]", shuffle_partitions=4),
                      conf={"spark.driver.memory": "4g"})

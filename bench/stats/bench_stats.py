@@ -36,7 +36,7 @@ Two situations:
   Python workers) and the time each reports for itself;
 - **connect** (what a DAG run pays with ``MJOIN_SPARK_REMOTE`` set): ``python -m mjoin stats`` as a fresh
   Python process (no JVM of its own) against a Spark Connect server started once by this script
-  (``mjoin.connect_server``, local[2], 4 shuffle partitions, like the warm session), ``--rounds``
+  (``mjoin.runtime.connect_server``, local[2], 4 shuffle partitions, like the warm session), ``--rounds``
   rounds, the first discarded (the server's first job starts its Python workers), medians reported;
 - **warm** (a long-lived session): all runs in one SparkSession, ``--rounds`` rounds in a fresh
   random order each, the first round discarded (JVM and Python workers warm up), medians reported.
@@ -189,7 +189,7 @@ def connect_runs(url: str, lake, work: Path, start: int, end: int, rounds: int) 
 
 def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kinds: list[str], seed: int) -> dict:
     from mjoin.engine import run_interval
-    from mjoin.sketch import SketchConfig
+    from mjoin.stats.sketch import SketchConfig
     from mjoin.stats.job import StatsConfig, run_statistics
 
     def one(kind, r):
@@ -259,8 +259,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.sizes, args.rounds, args.no_cold = "0.1", 2, True
 
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
 
     query = load_query(QUERY)
     kinds = (["engine"] + ([] if args.no_streaming else ["engine_streaming"]) + ["stats_pass", "stats_pass_executors", "stats_marginal", "stats_sql"]
@@ -274,8 +274,8 @@ def main(argv=None) -> int:
     spark = None
     server = None
     if not args.no_connect:
-        from mjoin import connect_server
-        from mjoin.resources import Resources
+        from mjoin.runtime import connect_server
+        from mjoin.runtime.resources import Resources
 
         server_dir = Path(tempfile.mkdtemp(prefix="mjoin-bench-connect-"))
         server = connect_server.start(server_dir, 0,

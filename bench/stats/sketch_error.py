@@ -31,7 +31,7 @@ EDGE_STATS = ("m", "s", "gamma", "mu")
 
 
 def errors(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
-    from mjoin.sketch import symmetric_error
+    from mjoin.stats.sketch import symmetric_error
 
     keys = ["cycle_start", "group", "entity", "stream", "right"]
     m = exact.merge(approx, on=keys, suffixes=("_x", "_s"))
@@ -50,9 +50,9 @@ def errors(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
 
 
 def spark_part(args, configs) -> dict:
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
-    from mjoin.sketch import SketchConfig
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.stats.sketch import SketchConfig
     from mjoin.stats.job import StatsConfig, compute_statistics
 
     query = load_query("tpcds_returns_by_address")
@@ -90,7 +90,7 @@ def spark_part(args, configs) -> dict:
 
 def numpy_part(args) -> dict:
     """Skimmed vs basic hash sketch, join size of Zipf(z) and Zipf(z) shifted, equal memory."""
-    from mjoin import sketch as sk
+    from mjoin.stats import sketch as sk
 
     rng = np.random.default_rng(3)
     out = []

@@ -172,8 +172,8 @@ def spark_floor(spark, progress: Progress, landed: Path, work: Path, rounds: int
     from mjoin.engine.config import EngineConfig
     from mjoin.engine.source import source_frame
     from mjoin.engine.stream import CHECKPOINT_MANAGER_KEY, checkpoint_manager
-    from mjoin.lake import Lake
-    from mjoin.query import load_query
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
 
     query = load_query(QUERY)
     out: dict = {"default": [], "filesystem": []}
@@ -317,8 +317,8 @@ def main(argv=None) -> int:
     rate = args.rate or (400.0 if args.quick else 2000.0)
     rounds = args.rounds or (1 if args.quick else 3)
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.resources import Resources
-    from mjoin.sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
     from mjoin.workloads import generate_tpcds, land, load_manifest
 
     load_before = os.getloadavg()

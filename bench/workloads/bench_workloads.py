@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "include"))
 
-from mjoin.lake import Lake  # noqa: E402
+from mjoin.lake.layout import Lake  # noqa: E402
 from mjoin.workloads import ensure_tables, generate_synthetic, generate_tpcds, land  # noqa: E402
 
 

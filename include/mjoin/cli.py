@@ -13,7 +13,7 @@ import logging
 import pkgutil
 import sys
 
-from . import commands as _commands
+from mjoin import commands as _commands
 
 
 #: the top-level --help text (plain text: the module docstring above is reST)
@@ -57,10 +57,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from .plan import PlanError
-    from .query import QuerySpecError
-    from .schemas import SchemaError
-    from .statistics import StatisticsError
+    from mjoin.model.plan import PlanError
+    from mjoin.model.query import QuerySpecError
+    from mjoin.model.schemas import SchemaError
+    from mjoin.model.statistics import StatisticsError
 
     try:
         return int(args._run(args) or 0)

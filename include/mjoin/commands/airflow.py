@@ -35,7 +35,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..airflow_env import admin_password, airflow_env, ensure_db
+    from mjoin.loop.airflow_env import admin_password, airflow_env, ensure_db
 
     env = airflow_env(args.home, args.lake)
     env["AIRFLOW__API__PORT"] = str(args.port)
@@ -58,7 +58,7 @@ def run(args) -> int:
     feed = _start_feed(env, args.live_sf) if args.live else None
     server = None
     if args.spark_connect:
-        from .. import connect_server
+        from mjoin.runtime import connect_server
 
         was = connect_server.status()["state"]
         server = connect_server.start()
@@ -73,7 +73,7 @@ def run(args) -> int:
         if feed is not None:
             _stop(feed)
         if server is not None:
-            from .. import connect_server
+            from mjoin.runtime import connect_server
 
             connect_server.stop()
     return 0
@@ -127,7 +127,7 @@ def _start_feed(env: dict, sf: float):
     import subprocess
     import sys
 
-    from ..resources import Resources
+    from mjoin.runtime.resources import Resources
 
     lake = env.get("MJOIN_LAKE") or Resources.from_env().lake
     log_path = Path(env["AIRFLOW_HOME"]) / "live.log"

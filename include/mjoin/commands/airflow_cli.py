@@ -5,7 +5,7 @@ import argparse
 
 NAME = "airflow-cli"
 HELP = "run an airflow command on this project's Airflow (AIRFLOW_HOME=.airflow, dags/, plugins/)"
-DESCRIPTION = """Run the `airflow` command line with the environment `make airflow` uses (mjoin.airflow_env):
+DESCRIPTION = """Run the `airflow` command line with the environment `make airflow` uses (mjoin.loop.airflow_env):
 AIRFLOW_HOME (default .airflow in the project, SQLite), this checkout's dags/ and plugins/, the
 Spark connection, MJOIN_LAKE. Everything after `airflow-cli` is passed to `airflow` unchanged,
 so the commands of the README work as written from any folder:
@@ -27,8 +27,8 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
-    from ..airflow_env import airflow_cmd, airflow_env, ensure_db
-    from ..cli import UserError
+    from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
+    from mjoin.cli import UserError
 
     argv = list(args.args)
     if argv[:1] == ["--"]:

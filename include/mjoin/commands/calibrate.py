@@ -31,13 +31,13 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..calibrate import CalibrationError, calibrate, read_observations
-    from ..cli import UserError
+    from mjoin.optimizer.calibrate import CalibrationError, calibrate, read_observations
+    from mjoin.cli import UserError
 
     if args.lake:
         if not args.query:
             raise UserError("--lake needs --query")
-        from ..calibrate import calibrate_from_lake
+        from mjoin.optimizer.calibrate import calibrate_from_lake
 
         try:
             model, report, path = calibrate_from_lake(args.lake, args.query, out=args.out, time_field=args.time_field,

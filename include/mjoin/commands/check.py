@@ -63,7 +63,7 @@ def add_arguments(p):
     act = sp.add_mutually_exclusive_group()
     act.add_argument("--active", help="the active plan JSON (default: none, or the registry's with --lake)")
     act.add_argument("--lake", help="lake root: the active plan is the registry's ACTIVE")
-    sp.add_argument("--stats", help="statistics JSON (the forecast) to cost both plans with mjoin.cost; "
+    sp.add_argument("--stats", help="statistics JSON (the forecast) to cost both plans with mjoin.optimizer.cost; "
                                     "without it the plans' recorded estimated_cost are compared")
 
 
@@ -78,9 +78,9 @@ def _partitioning(args):
     """The --partitioning value as the gates take it (UNKNOWN when not given)."""
     import json
 
-    from .. import fsutil
-    from ..cli import UserError
-    from ..gates.frames import UNKNOWN
+    from mjoin.lake import fsutil
+    from mjoin.cli import UserError
+    from mjoin.gates.frames import UNKNOWN
 
     text = getattr(args, "partitioning", None)
     if text is None:
@@ -100,14 +100,14 @@ def _partitioning(args):
 
 
 def _config(args):
-    from ..cli import UserError
-    from ..gates import GateConfig, GateConfigError
+    from mjoin.cli import UserError
+    from mjoin.gates import GateConfig, GateConfigError
 
     base = {}
     if args.config:
         import yaml
 
-        from ..fsutil import read_text
+        from mjoin.lake.fsutil import read_text
 
         try:
             base = yaml.safe_load(read_text(args.config)) or {}
@@ -122,9 +122,9 @@ def _config(args):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..gates import GateConfigError, StatisticsGateError
-    from ..query import load_query
+    from mjoin.cli import UserError
+    from mjoin.gates import GateConfigError, StatisticsGateError
+    from mjoin.model.query import load_query
 
     if not getattr(args, "verbose", False):  # the summary is printed below; the log line would repeat it
         logging.getLogger("mjoin.gates").setLevel(logging.ERROR)
@@ -145,8 +145,8 @@ def run(args) -> int:
 
 def _check_times(args) -> None:
     """--from, --to, --cycle readable (exit 2 naming the flag, not a traceback)."""
-    from ..cli import UserError
-    from ..timeutil import parse_duration, parse_time
+    from mjoin.cli import UserError
+    from mjoin.model.timeutil import parse_duration, parse_time
 
     for flag, attr in (("--from", "start"), ("--to", "end")):
         if getattr(args, attr, None) is not None:
@@ -164,14 +164,14 @@ def _check_times(args) -> None:
 
 
 def _duration(text):
-    from ..timeutil import parse_duration
+    from mjoin.model.timeutil import parse_duration
 
     return None if text is None else parse_duration(text)
 
 
 def _history(args, query):
-    from ..gates import read_history
-    from ..lake import Lake
+    from mjoin.gates import read_history
+    from mjoin.lake.layout import Lake
 
     return read_history(args.history if args.history else Lake(args.lake).stats(query.name))
 
@@ -179,11 +179,11 @@ def _history(args, query):
 def _input(args, query, cfg):
     import dataclasses
 
-    from ..gates import check_input
-    from ..lake import Lake
+    from mjoin.gates import check_input
+    from mjoin.lake.layout import Lake
 
-    from .. import fsutil
-    from ..cli import UserError
+    from mjoin.lake import fsutil
+    from mjoin.cli import UserError
 
     lake = Lake(args.lake)
     if not fsutil.is_dir(lake.streams()):
@@ -194,24 +194,24 @@ def _input(args, query, cfg):
 
 
 def _stats(args, query, cfg):
-    from ..gates import check_statistics
+    from mjoin.gates import check_statistics
 
     return check_statistics(query, _history(args, query), args.start, args.end, _duration(args.cycle), config=cfg,
                             partitioning=_partitioning(args))
 
 
 def _forecast(args, query, cfg):
-    from ..gates import check_forecast
+    from mjoin.gates import check_forecast
 
     return check_forecast(query, args.forecast, _history(args, query), config=cfg, partitioning=_partitioning(args))
 
 
 def _plan(args, query, cfg):
-    from ..gates import check_plan
-    from ..gates.plan import model_cost_fn
-    from ..lake import Lake
-    from ..registry import PlanRegistry
-    from ..statistics import Statistics
+    from mjoin.gates import check_plan
+    from mjoin.gates.plan import model_cost_fn
+    from mjoin.lake.layout import Lake
+    from mjoin.lake.registry import PlanRegistry
+    from mjoin.model.statistics import Statistics
 
     active = None
     if args.active:

@@ -20,7 +20,7 @@ Exit codes: 0 ok (status: the cluster is up), 1 status: not up, 2 a component co
 
 
 def add_arguments(p):
-    from ..cluster import DEFAULT_DIR, ClusterConfig
+    from mjoin.runtime.cluster import DEFAULT_DIR, ClusterConfig
 
     d = ClusterConfig()
     p.add_argument("action", choices=("up", "down", "status", "env"))
@@ -38,8 +38,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from .. import cluster
-    from ..cli import UserError
+    from mjoin.runtime import cluster
+    from mjoin.cli import UserError
 
     try:
         if args.action == "up":

@@ -20,7 +20,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..demo import run_demo
+    from mjoin.loop.demo import run_demo
 
     result = run_demo(sf=args.sf, periods=args.periods, period_minutes=args.period_minutes, cycle=args.cycle,
                       strategy=args.strategy, workdir=args.workdir, evaluate=not args.no_evaluate)

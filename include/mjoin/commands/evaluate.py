@@ -16,7 +16,7 @@ summary and an HTML report with plots to <lake>/<namespace>/reports/<query>/eval
 
 
 def add_arguments(p):
-    from ..evaluate import STRATEGIES
+    from mjoin.evaluation.evaluate import STRATEGIES
 
     p.add_argument("--query", required=True, help="query spec (YAML path or name)")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
@@ -41,7 +41,7 @@ def add_arguments(p):
 def initial_orders(query, specs: list[str]) -> tuple:
     from itertools import permutations
 
-    from ..query import stream_order_from
+    from mjoin.model.query import stream_order_from
 
     out = []
     for spec in specs:
@@ -53,11 +53,11 @@ def initial_orders(query, specs: list[str]) -> tuple:
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..evaluate import EvalConfig, EvaluationError, check_has_data, evaluate
-    from ..query import load_query
-    from ..resources import Resources
-    from ..sparkutil import get_spark
+    from mjoin.cli import UserError
+    from mjoin.evaluation.evaluate import EvalConfig, EvaluationError, check_has_data, evaluate
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
     query = load_query(args.query)
     try:  # a bad range, or one without data, is the user's error (exit 2), found before Spark starts

@@ -16,7 +16,7 @@ per-series report. Example:
 
 
 def add_arguments(p):
-    from ..forecast import MODELS
+    from mjoin.forecast.holt import MODELS
 
     p.add_argument("--stats-history", required=True, metavar="DIR",
                    help="<lake>/stats/<query> (or <lake>/stats with --query)")
@@ -35,10 +35,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..forecast import ForecastConfig, forecast
-    from ..stats.history import read_history
-    from ..timeutil import iso, parse_time
+    from mjoin.cli import UserError
+    from mjoin.forecast.holt import ForecastConfig, forecast
+    from mjoin.stats.history import read_history
+    from mjoin.model.timeutil import iso, parse_time
 
     try:
         as_of = parse_time(args.as_of)

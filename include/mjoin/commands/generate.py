@@ -43,7 +43,7 @@ def add_arguments(p):
     _common(t)
     t.set_defaults(_generate=_tpcds)
 
-    from ..workloads.presets import describe_presets
+    from mjoin.workloads.presets import describe_presets
 
     y = sub.add_parser("synthetic", help="n streams with Zipf keys whose rates and match rates drift on a schedule",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,8 +75,8 @@ def add_arguments(p):
 
 
 def _tpcds(args):
-    from ..workloads import generate_tpcds
-    from ..workloads.params import DEFAULT_START
+    from mjoin.workloads import generate_tpcds
+    from mjoin.workloads.params import DEFAULT_START
 
     return generate_tpcds(args.out, sf=args.sf, replay=args.replay, rate=args.rate, duration=args.duration,
                           speedup=args.speedup, cycle=args.cycle, start=args.start or DEFAULT_START, seed=args.seed,
@@ -84,8 +84,8 @@ def _tpcds(args):
 
 
 def _synthetic(args):
-    from ..workloads import generate_synthetic
-    from ..workloads.params import DEFAULT_START
+    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.params import DEFAULT_START
 
     return generate_synthetic(args.out, streams=args.streams, duration=args.duration, rate=args.rate, domain=args.domain,
                               schedule=args.schedule, window=args.window, cycle=args.cycle,
@@ -94,15 +94,15 @@ def _synthetic(args):
 
 
 def _punctuations(args):
-    from ..workloads.punctuations import write_punctuations
+    from mjoin.workloads.punctuations import write_punctuations
 
     columns = dict((s.split(":", 1) + ["key"])[:2] for s in args.source)
     return write_punctuations(args.workload, columns, keep_cycles=args.keep_cycles)
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..workloads import WorkloadError
+    from mjoin.cli import UserError
+    from mjoin.workloads import WorkloadError
 
     try:
         manifest = args._generate(args)

@@ -64,10 +64,10 @@ def describe(st: dict) -> str:
 
 
 def run(args) -> int:
-    from ..engine.control import JobControl
-    from ..lake import Lake
-    from ..query import load_query
-    from ..resources import Resources
+    from mjoin.engine.control import JobControl
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
 
     query = load_query(args.query)
     control = JobControl(Lake(args.lake or Resources.from_env().lake, args.namespace), query.name)

@@ -30,8 +30,8 @@ def add_arguments(p):
 
 
 def _time(value, manifest, name):
-    from ..timeutil import parse_duration
-    from ..workloads import WorkloadError
+    from mjoin.model.timeutil import parse_duration
+    from mjoin.workloads import WorkloadError
 
     if value is None:
         return None
@@ -45,10 +45,10 @@ def _time(value, manifest, name):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..lake import Lake
-    from ..timeutil import iso
-    from ..workloads import WorkloadError, cycles_bound, land, load_manifest
+    from mjoin.cli import UserError
+    from mjoin.lake.layout import Lake
+    from mjoin.model.timeutil import iso
+    from mjoin.workloads import WorkloadError, cycles_bound, land, load_manifest
 
     try:
         if args.speed is not None and args.speed <= 0:

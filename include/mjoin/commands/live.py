@@ -31,11 +31,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..lake import Lake
-    from ..timeutil import iso
-    from ..workloads import WorkloadError
-    from ..workloads.live import run_live
+    from mjoin.cli import UserError
+    from mjoin.lake.layout import Lake
+    from mjoin.model.timeutil import iso
+    from mjoin.workloads import WorkloadError
+    from mjoin.workloads.live import run_live
 
     lake = Lake(args.lake) if args.lake else Lake.default()
 

@@ -25,10 +25,10 @@ model, in model units with the uncalibrated defaults)."""
 
 
 def add_arguments(p):
-    from ..optimize import STRATEGIES
+    from mjoin.optimizer.strategies import STRATEGIES
 
     p.add_argument("--query", required=True, help="query spec path or name")
-    p.add_argument("--stats", help="statistics snapshot JSON (mjoin.statistics format); not with --key-groups")
+    p.add_argument("--stats", help="statistics snapshot JSON (mjoin.model.statistics format); not with --key-groups")
     p.add_argument("--key-groups", metavar="HISTORY",
                    help="choose the key groups from the per-cell statistics of this statistics history (its root or "
                         "the query's folder) in [--from, --to)")
@@ -52,11 +52,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..cost import CostModelError, resolve_cost_model
-    from ..optimize import OptimizerError, compare, optimize
-    from ..query import load_query
-    from ..statistics import Statistics
+    from mjoin.cli import UserError
+    from mjoin.optimizer.cost import CostModelError, resolve_cost_model
+    from mjoin.optimizer.strategies import OptimizerError, compare, optimize
+    from mjoin.model.query import load_query
+    from mjoin.model.statistics import Statistics
 
     if not args.strategy and not args.compare:
         raise UserError("give --strategy NAME (or --compare)")
@@ -102,13 +102,13 @@ def run(args) -> int:
 
 def _key_groups(args, query) -> int:
     """--key-groups: choose the rule from the history's per-cell statistics, optimize its groups' orders."""
-    from ..cli import UserError
-    from ..cost import CostModelError, resolve_cost_model
-    from ..optimize import OptimizerError, optimize_partitioned
-    from ..optimizers.partitioning import GROUP_COUNTS, METHODS, Cells
-    from ..stats.history import CELL_KINDS, read_cells
-    from ..statistics import StatisticsError
-    from ..timeutil import iso
+    from mjoin.cli import UserError
+    from mjoin.optimizer.cost import CostModelError, resolve_cost_model
+    from mjoin.optimizer.strategies import OptimizerError, optimize_partitioned
+    from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells
+    from mjoin.stats.history import CELL_KINDS, read_cells
+    from mjoin.model.statistics import StatisticsError
+    from mjoin.model.timeutil import iso
 
     g = str(args.partition_groups)
     if g != "auto" and not (g.isdigit() and int(g) >= 1):
@@ -147,8 +147,8 @@ def _key_groups(args, query) -> int:
 
 
 def _load_rule(path):
-    from ..cli import UserError
-    from ..fsutil import read_text
+    from mjoin.cli import UserError
+    from mjoin.lake.fsutil import read_text
 
     try:
         rule = json.loads(read_text(path))

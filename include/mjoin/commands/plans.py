@@ -31,12 +31,12 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..lake import Lake
-    from ..plan import load_plan
-    from ..query import load_query
-    from ..registry import PlanRegistry, RegistryError
-    from ..resources import Resources
+    from mjoin.cli import UserError
+    from mjoin.lake.layout import Lake
+    from mjoin.model.plan import load_plan
+    from mjoin.model.query import load_query
+    from mjoin.lake.registry import PlanRegistry, RegistryError
+    from mjoin.runtime.resources import Resources
 
     query = load_query(args.query)
     lake = Lake(args.lake or Resources.from_env().lake, args.namespace)

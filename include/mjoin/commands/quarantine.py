@@ -34,11 +34,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from .. import quarantine as qmod
-    from ..cli import UserError
-    from ..lake import Lake
-    from ..query import load_query
-    from ..resources import Resources
+    from mjoin.lake import quarantine as qmod
+    from mjoin.cli import UserError
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.runtime.resources import Resources
 
     query = load_query(args.query)
     lake = Lake(args.lake or Resources.from_env().lake, args.namespace)

@@ -16,7 +16,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..query import list_queries, load_query
+    from mjoin.model.query import list_queries, load_query
 
     if args.list or not args.spec:
         for name in list_queries():

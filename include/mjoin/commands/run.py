@@ -68,7 +68,7 @@ def add_arguments(p):
 def _idle_timeout(text: str) -> float:
     if text.strip().lower() in ("never", "inf", "none"):
         return float("inf")
-    from ..timeutil import parse_duration
+    from mjoin.model.timeutil import parse_duration
 
     try:
         v = parse_duration(text)
@@ -80,15 +80,15 @@ def _idle_timeout(text: str) -> float:
 
 
 def _psp_slices(args) -> int:
-    """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.psp.slices_for)."""
+    """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.optimizer.psp.slices_for)."""
     value = str(getattr(args, "psp_slices", "auto") or "auto")
     if value != "auto":
-        from ..cli import UserError
+        from mjoin.cli import UserError
 
         if not value.isdigit() or int(value) < 1:
             raise UserError(f"--psp-slices must be a whole number >= 1 or auto, not {value!r}")
         return int(value)
-    from ..query import load_query
+    from mjoin.model.query import load_query
 
     try:
         query = load_query(args.query)
@@ -96,9 +96,9 @@ def _psp_slices(args) -> int:
         return 4
     if not query.band_classes:
         return 4
-    from ..engine.state import StateStore
-    from ..lake import Lake
-    from ..psp import slices_for
+    from mjoin.engine.state import StateStore
+    from mjoin.lake.layout import Lake
+    from mjoin.optimizer.psp import slices_for
 
     lake = Lake(args.lake, getattr(args, "namespace", "") or "")
     latest = StateStore(lake.state(query.name)).latest() if args.stream else None
@@ -124,9 +124,9 @@ def _measured_costs(lake, query) -> dict:
     to the engine's own metrics by ``mjoin calibrate`` / the loop), when there is one; else Eq. 5's defaults."""
     import json
 
-    from .. import fsutil
-    from ..calibrate import COST_MODEL_FILE
-    from ..cost import CostModel, CostModelError
+    from mjoin.lake import fsutil
+    from mjoin.optimizer.calibrate import COST_MODEL_FILE
+    from mjoin.optimizer.cost import CostModel, CostModelError
 
     path = fsutil.join(lake.plans(query.name), COST_MODEL_FILE)
     try:
@@ -137,7 +137,7 @@ def _measured_costs(lake, query) -> dict:
 
 
 def config_from(args):
-    from ..engine import EngineConfig
+    from mjoin.engine import EngineConfig
 
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
@@ -148,7 +148,7 @@ def config_from(args):
 
 def check_interval_args(args) -> None:
     """An interval run's required options, checked before anything starts (a UserError names them)."""
-    from ..cli import UserError
+    from mjoin.cli import UserError
 
     if args.stream:
         return
@@ -160,11 +160,11 @@ def check_interval_args(args) -> None:
 
 def execute(spark, args):
     """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
-    from ..cli import UserError
-    from ..engine import EngineError, run_interval, run_stream
-    from ..lake import Lake
-    from ..query import load_query
-    from ..registry import RegistryError
+    from mjoin.cli import UserError
+    from mjoin.engine import EngineError, run_interval, run_stream
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.lake.registry import RegistryError
 
     query = load_query(args.query)
     try:
@@ -185,10 +185,10 @@ def execute(spark, args):
 
 
 def run(args) -> int:
-    from ..resources import Resources
-    from ..sparkutil import get_spark
+    from mjoin.runtime.resources import Resources
+    from mjoin.runtime.spark import get_spark
 
-    from ..query import load_query
+    from mjoin.model.query import load_query
 
     check_interval_args(args)  # usage errors before Spark's ~10 s start
     load_query(args.query)

@@ -19,7 +19,7 @@ Python workers; its log is in <dir>/server.log."""
 
 
 def add_arguments(p):
-    from ..connect_server import DEFAULT_DIR, DEFAULT_PORT
+    from mjoin.runtime.connect_server import DEFAULT_DIR, DEFAULT_PORT
 
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT})")
@@ -29,8 +29,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..connect_server import ConnectServerError, start, status, stop
+    from mjoin.cli import UserError
+    from mjoin.runtime.connect_server import ConnectServerError, start, status, stop
 
     try:
         if args.action == "start":

@@ -18,7 +18,7 @@ Exit 2 for bad arguments (interval not a whole number of cycles, unknown query, 
 
 
 def add_arguments(p):
-    from ..stats.job import METHODS, MODES, StatsConfig
+    from mjoin.stats.job import METHODS, MODES, StatsConfig
 
     p.add_argument("--query", required=True, help="query spec path or name")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
@@ -59,9 +59,9 @@ def add_arguments(p):
 
 
 def _partitioning(args, query, lake):
-    from ..cli import UserError
-    from ..plan import load_plan
-    from ..registry import PlanRegistry
+    from mjoin.cli import UserError
+    from mjoin.model.plan import load_plan
+    from mjoin.lake.registry import PlanRegistry
 
     if args.partitioning:
         try:
@@ -80,13 +80,13 @@ def _partitioning(args, query, lake):
 
 
 def run(args) -> int:
-    from ..cli import UserError
-    from ..lake import Lake
-    from ..query import load_query
-    from ..sketch import SketchConfig
-    from ..sparkutil import SparkConnectUnavailable, get_spark
-    from ..stats.job import StatsConfig, run_statistics
-    from ..timeutil import parse_duration, parse_time
+    from mjoin.cli import UserError
+    from mjoin.lake.layout import Lake
+    from mjoin.model.query import load_query
+    from mjoin.stats.sketch import SketchConfig
+    from mjoin.runtime.spark import SparkConnectUnavailable, get_spark
+    from mjoin.stats.job import StatsConfig, run_statistics
+    from mjoin.model.timeutil import parse_duration, parse_time
 
     query = load_query(args.query)
     lake = Lake(args.lake, args.namespace) if args.lake else Lake.default().with_namespace(args.namespace)

@@ -11,7 +11,7 @@ Public API (see docs/engine.md)::
     read_results(path_or_lake_query, query=None, *, with_batch=False) -> pandas.DataFrame
     EngineConfig
 """
-from .config import EngineConfig, EngineError
+from mjoin.engine.config import EngineConfig, EngineError
 
 #: name -> module of the public API imported on first use (PEP 562), so that importing a light submodule
 #: (``engine.source``, which Spark's Python source runner unpickles at every streaming query's start) does not
@@ -35,10 +35,10 @@ def run_interval(spark, query, plan, lake, start, end, cycle, out, *, engine: st
     :func:`mjoin.engine.native.run_native_interval`)."""
     _check(engine)
     if engine == "spark-native":
-        from .native import run_native_interval
+        from mjoin.engine.native import run_native_interval
 
         return run_native_interval(spark, query, plan, lake, start, end, cycle, out, config=config)
-    from .interval import run_interval as run
+    from mjoin.engine.interval import run_interval as run
 
     return run(spark, query, plan, lake, start, end, cycle, out, config=config, pipelined=pipelined)
 
@@ -48,11 +48,11 @@ def run_stream(spark, query, lake, *, engine: str = "mjoin", **kwargs):
     :func:`mjoin.engine.native.run_native_stream`)."""
     _check(engine)
     if engine == "spark-native":
-        from .native import run_native_stream
+        from mjoin.engine.native import run_native_stream
 
         kwargs.pop("plan", None)
         return run_native_stream(spark, query, lake, **kwargs)
-    from .stream import run_stream as run
+    from mjoin.engine.stream import run_stream as run
 
     return run(spark, query, lake, **kwargs)
 

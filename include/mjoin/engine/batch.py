@@ -27,7 +27,7 @@ run is a pure function of the lake: it is re-run, never resumed). Its outputs ar
 run, not per batch: each task's results of all its batches in few files of one range folder
 ``results/<query>/batches=<first>-<last>/`` (a ``_batch`` column) under one ``_SUCCESS``, its
 rejected rows likewise per stream, the metrics records as one ``metrics.jsonl``
-(:mod:`mjoin.engine.results` and :mod:`mjoin.quarantine` read both layouts).
+(:mod:`mjoin.engine.results` and :mod:`mjoin.lake.quarantine` read both layouts).
 """
 from __future__ import annotations
 
@@ -44,18 +44,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import fsutil
-from ..pools import shared_pool
-from ..timeutil import iso
-from .compiled import CompiledPlan, EngineQuery, key_name
-from .config import EngineConfig, EngineError
-from .frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
+from mjoin.lake import fsutil
+from mjoin.runtime.pools import shared_pool
+from mjoin.model.timeutil import iso
+from mjoin.engine.compiled import CompiledPlan, EngineQuery, key_name
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
                     spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
-from .metrics import shuffle_bytes, stage_times, write_jsonl, write_record
-from .normalize import REASONS, write_file_rejects
-from .operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
-from .results import RowFiles, clear_batches, range_name, with_batch_column, write_parquet
-from .state import StateStore, StateWriter, file_key, load_state
+from mjoin.engine.metrics import shuffle_bytes, stage_times, write_jsonl, write_record
+from mjoin.engine.normalize import REASONS, write_file_rejects
+from mjoin.engine.operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
+from mjoin.engine.results import RowFiles, clear_batches, range_name, with_batch_column, write_parquet
+from mjoin.engine.state import StateStore, StateWriter, file_key, load_state
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class BatchInput:
     def add_late_rejects(self) -> bool:
         """Fold the files the tasks found unreadable (:attr:`late_rejects`) into the file-level counts and
         ``quarantined_files``; whether there were any."""
-        from .normalize import add_counts
+        from mjoin.engine.normalize import add_counts
 
         new = self.late_rejects() if self.late_rejects is not None else []
         for rej in new:
@@ -218,7 +218,7 @@ class BatchInput:
 
     def add_reports(self, docs) -> "BatchInput":
         """Fold the tasks' counts (stage-1 ``rows_in``/``max_ts``, ``rejects``) into this input."""
-        from .normalize import add_counts
+        from mjoin.engine.normalize import add_counts
 
         for d in docs:
             if "rejects" in d:
@@ -468,7 +468,7 @@ def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, resul
     fixed cost of an operator call is paid once per class instead of once per bucket, which is most of
     a small batch's time. Not for band classes (a tuple visits every time slice) nor with punctuations
     (a promise's rows are per bucket): :meth:`BatchRunner.run_pipelined` decides."""
-    from .operator import StateUpdate
+    from mjoin.engine.operator import StateUpdate
 
     def run(batches):
         part = _partition_id()
@@ -737,7 +737,7 @@ class BatchRunner:
         the batch's input holding their counts (:meth:`BatchInput.add_reports`), before the commit: what
         the streaming job keeps with the state from batch to batch (``event_time``: its watermarks,
         :class:`mjoin.engine.watermark.Watermarks`; ``seen_files``: the files it accepted,
-        :class:`mjoin.contract.Seen`) and what it adds to the batch's metrics."""
+        :class:`mjoin.lake.contract.Seen`) and what it adds to the batch's metrics."""
         spark, eq, cfg = self.spark, self.eq, self.config
         started = datetime.now(timezone.utc)
         t_batch = time.perf_counter()
@@ -924,7 +924,7 @@ class BatchRunner:
         each task runs all of its buckets of a class in one operator call, see :func:`_pipelined_task`).
         Outputs: the results of all the batches in one range folder ``results/<query>/batches=<first>-<last>/``
         with one ``_SUCCESS`` (:mod:`mjoin.engine.results`), the rejected rows in
-        ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.quarantine`)."""
+        ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.lake.quarantine`)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         extras = extras or {}
         batches = sorted(batches)

@@ -157,7 +157,7 @@ class CompiledPlan:
         plan.validate(query)
         use_prefilter = plan.prefilter if prefilter is None else bool(prefilter)
         if use_prefilter and not query.single_class:
-            from ..plan import PlanError
+            from mjoin.model.plan import PlanError
 
             raise PlanError(f"the SMJ prefilter needs a single attribute class; {query.name} has "
                             f"{len(query.attribute_classes)}")

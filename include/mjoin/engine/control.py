@@ -32,9 +32,9 @@ import time
 import uuid
 from datetime import datetime, timezone
 
-from .. import fsutil
-from ..timeutil import iso, parse_time
-from .config import EngineError
+from mjoin.lake import fsutil
+from mjoin.model.timeutil import iso, parse_time
+from mjoin.engine.config import EngineError
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0

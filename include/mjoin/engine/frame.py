@@ -20,15 +20,15 @@ Two layouts of this one frame: :func:`input_ddl`, what stage 1 gets (deltas, tic
 punctuations: no partial-result columns), the rows that cross the one shuffle of a batch or an
 interval; :func:`frame_ddl`, all of it (later stages, where partial results meet the deltas
 replayed into their class). Every input-layout column is a frame column of the same type. When no
-row of a run's (or batch's) files can be rejected (their footers say so: :mod:`mjoin.contract`),
+row of a run's (or batch's) files can be rejected (their footers say so: :mod:`mjoin.lake.contract`),
 the input layout leaves out the three reject columns (``input_ddl(eq, rejects=False)``).
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-from .compiled import EngineQuery, key_name, payload_name
-from .normalize import sql_type
+from mjoin.engine.compiled import EngineQuery, key_name, payload_name
+from mjoin.engine.normalize import sql_type
 
 META = [("_kind", "tinyint"), ("_c", "int"), ("_b", "int"), ("_s", "int"), ("_ts", "bigint")]
 PARTIAL = [("_chain", "int"), ("_grp", "int"), ("_step", "int"), ("_lo", "bigint")]

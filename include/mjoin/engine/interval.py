@@ -26,16 +26,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .. import fsutil
-from ..contract import Seen
-from ..timeutil import iso, to_micros
-from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
-from .compiled import MICROS
-from .config import EngineConfig, EngineError
-from .inputs import as_lake, as_query, compile_plan
-from .metrics import shuffle_bytes, write_jsonl
-from .frame import arrow_input_schema, to_layout
-from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
+from mjoin.lake import fsutil
+from mjoin.lake.contract import Seen
+from mjoin.model.timeutil import iso, to_micros
+from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
+from mjoin.engine.compiled import MICROS
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.inputs import as_lake, as_query, compile_plan
+from mjoin.engine.metrics import shuffle_bytes, write_jsonl
+from mjoin.engine.frame import arrow_input_schema, to_layout
+from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
                         punctuation_rows, write_quarantine)
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int)
 def _interval_punctuations(query, landed: dict, ts_max: dict, start_us: int, end_us: int, cycle_us: int) -> list:
     """``[(path, source, arrival, batch)]`` of the lake's punctuation files: each in the batch that holds
     the latest event time of its folder's data (after it, the promise holds); earlier ones in the
-    warm-up (batch 0), later ones not at all. ``landed``: source -> :meth:`mjoin.lake.Lake.landed`;
+    warm-up (batch 0), later ones not at all. ``landed``: source -> :meth:`mjoin.lake.layout.Lake.landed`;
     ``ts_max``: (stream, path) -> the footer's latest event time (:func:`inspect_files`)."""
     out, folder_end = [], {}
     for s in query.streams:
@@ -274,7 +274,7 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
         return route_interval_local(runner, data)
     from pyspark.sql import functions as F
 
-    from .compiled import key_name
+    from mjoin.engine.compiled import key_name
 
     rejects = data.frame is None or "_reason" in data.frame.columns  # else no reject columns (normalize_streams)
     routed = runner.ticks(list(range(0, data.n_batches + 1)), rejects=rejects)
@@ -297,7 +297,7 @@ def route_interval_local(runner: BatchRunner, data: IntervalInput) -> pa.Table:
     (stable; NULLs first)."""
     import pyarrow.compute as pc
 
-    from .compiled import key_name
+    from mjoin.engine.compiled import key_name
 
     eq, schema = runner.eq, runner.arrow_input_schema
     parts = [route_local(data.local, eq, runner.config.buckets, schema, runner.config.psp_slices,
@@ -510,7 +510,7 @@ def run_interval(spark, query, plan, lake, start, end, cycle, out, *, config: En
                  pipelined: bool = True) -> RunSummary:
     """Join the lake's data of ``[start, end)`` in cycles of ``cycle`` seconds into ``out``.
 
-    ``plan``: a :class:`~mjoin.plan.Plan`, a plan file, or None (the spec's fixed order).
+    ``plan``: a :class:`~mjoin.model.plan.Plan`, a plan file, or None (the spec's fixed order).
     ``out``: a folder (or Lake) for results, metrics, state and quarantine; it is cleared first.
     """
     return run_interval_plans(spark, query, {"": plan}, lake, start, end, cycle, out, config=config,

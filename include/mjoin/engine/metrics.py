@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from .. import fsutil
+from mjoin.lake import fsutil
 
 BATCH_FILE = re.compile(r"^batch=(\d+)\.json$")
 JSONL = "metrics.jsonl"
@@ -45,7 +45,7 @@ def _jsonable(o):
 
 def _metrics_dir(path_or_lake, query) -> str:
     if query is not None:
-        from ..lake import Lake
+        from mjoin.lake.layout import Lake
 
         lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
         return lake.metrics(query if isinstance(query, str) else query.name)
@@ -54,7 +54,7 @@ def _metrics_dir(path_or_lake, query) -> str:
 
 def read_metrics(path_or_lake_query, query=None) -> list[dict]:
     """Metrics records sorted by batch id. ``path_or_lake_query``: a ``metrics.jsonl`` file, a metrics
-    folder, a ``(lake, query)`` pair, or a lake (root or :class:`~mjoin.lake.Lake`) with ``query``."""
+    folder, a ``(lake, query)`` pair, or a lake (root or :class:`~mjoin.lake.layout.Lake`) with ``query``."""
     if isinstance(path_or_lake_query, tuple):
         path_or_lake_query, query = path_or_lake_query
     path = _metrics_dir(path_or_lake_query, query)

@@ -28,17 +28,17 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import fsutil
-from ..timeutil import iso
-from .batch import apply_engine_conf, restore_conf
-from .compiled import MICROS, EngineQuery, key_name
-from .config import EngineConfig, EngineError
-from .frame import arrow_frame_schema
-from .inputs import as_lake, as_query
-from .interval import RunSummary, clear_outputs, read_interval
-from .normalize import add_counts
-from .metrics import shuffle_bytes, write_jsonl, write_record
-from .results import write_parquet
+from mjoin.lake import fsutil
+from mjoin.model.timeutil import iso
+from mjoin.engine.batch import apply_engine_conf, restore_conf
+from mjoin.engine.compiled import MICROS, EngineQuery, key_name
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.frame import arrow_frame_schema
+from mjoin.engine.inputs import as_lake, as_query
+from mjoin.engine.interval import RunSummary, clear_outputs, read_interval
+from mjoin.engine.normalize import add_counts
+from mjoin.engine.metrics import shuffle_bytes, write_jsonl, write_record
+from mjoin.engine.results import write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
 
 
 def _ddl(eq: EngineQuery, stream: str):
-    from .frame import frame_ddl
+    from mjoin.engine.frame import frame_ddl
 
     types = dict(frame_ddl(eq))
     return [(n, types[f]) for n, f in native_columns(eq, stream)]
@@ -264,8 +264,8 @@ def _stream_sources_join(spark, query, lake):
     """The baseline's join over the landed files of ``lake`` (streaming sources with the spec's schema)."""
     from pyspark.sql import functions as F
 
-    from ..eventtime import event_time_sql, spark_kind
-    from .normalize import sql_type
+    from mjoin.model.eventtime import event_time_sql, spark_kind
+    from mjoin.engine.normalize import sql_type
 
     eq = EngineQuery.from_query(query)
     sources = {}
@@ -292,7 +292,7 @@ def run_native_stream(spark, query, lake, *, trigger="availableNow", interval=No
 
     Assumes clean input: a file Spark cannot read fails the query (mjoin quarantines it), and rows
     with a NULL or non-integral key or no event time are filtered out (not quarantined)."""
-    from .stream import StreamSummary
+    from mjoin.engine.stream import StreamSummary
 
     query = as_query(query)
     lake = as_lake(lake)

@@ -1,6 +1,6 @@
 """Landed files -> the engine's frame rows, with bad input quarantined, never crashing the job.
 
-Per file, the landing contract's file-level rules (:mod:`mjoin.contract`, the input gate's rules:
+Per file, the landing contract's file-level rules (:mod:`mjoin.lake.contract`, the input gate's rules:
 readable, key columns present, schema as declared, event time not all NULL, not a duplicate of an
 earlier file) are checked on the driver from the Parquet footer; a file that breaks one is
 quarantined whole with the rule's name and a reason (``unreadable``, ``missing_key``,
@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .. import contract, eventtime, fsutil
-from ..pools import shared_pool
-from .compiled import EngineQuery, key_name, payload_name
+from mjoin.lake import contract, fsutil
+from mjoin.model import eventtime
+from mjoin.runtime.pools import shared_pool
+from mjoin.engine.compiled import EngineQuery, key_name, payload_name
 
 
-#: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.contract)
+#: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.lake.contract)
 ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
-#: and a punctuation file that does not follow mjoin.punctuation's format
+#: and a punctuation file that does not follow mjoin.model.punctuation's format
 REASONS = ROW_REASONS + contract.FILE_REASONS + ("bad_punctuation",)
 #: slack of :meth:`Inspected.prune_outside` around the footer's event-time bounds (1 ms: a file this close to the
 #: interval's edge is read)
@@ -52,7 +53,7 @@ def sql_type(spec_type: str) -> str:
 
 def _arrow_info(t: pa.DataType) -> tuple[str, str] | None:
     """(kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type
-    (:func:`mjoin.eventtime.arrow_info`)."""
+    (:func:`mjoin.model.eventtime.arrow_info`)."""
     return eventtime.arrow_info(t)
 
 
@@ -64,7 +65,7 @@ def _kind(t: pa.DataType) -> str | None:
 class FileReject:
     stream: str
     path: str
-    reason: str  # a quarantine reason of mjoin.contract.RULES
+    reason: str  # a quarantine reason of mjoin.lake.contract.RULES
     detail: str
     rows: int | None
     rule: str | None = None  # the contract's rule (the input gate's expectation name)
@@ -114,7 +115,7 @@ class Inspected:
         """Take out of the accepted files those whose every row lies outside an interval's rows: a row of stream
         ``s`` is read iff ``start - W_s < ts < end`` (the warm-up and the batches, :func:`mjoin.engine.interval.
         batch_local`; every other row is dropped, a NULL time counts in batch 1), so a file whose footer bounds
-        all of its rows' usable event times (:func:`mjoin.contract.ts_bounds_us`) at or before
+        all of its rows' usable event times (:func:`mjoin.lake.contract.ts_bounds_us`) at or before
         ``start - W_s`` or at or after ``end`` gives the interval nothing. Such files are not read; they were
         judged by the contract like the others (quarantine and duplicates are unchanged). Returns stream ->
         files taken out."""
@@ -142,7 +143,7 @@ class Inspected:
     def can_reject(self, stream: str, paths, late_before: int | None = None) -> bool:
         """Whether a row of one of the accepted ``paths`` of ``stream`` can be quarantined (a row rule of
         :func:`normalize_group`; ``late_before``: the watermark, if rows before it are late), by the footers:
-        :meth:`mjoin.contract.FileFacts.rows_can_be_rejected` (a file not inspected here: it can)."""
+        :meth:`mjoin.lake.contract.FileFacts.rows_can_be_rejected` (a file not inspected here: it can)."""
         for p in paths:
             facts = self.accepted.get((stream, p))
             if facts is None or facts.rows_can_be_rejected(late_before):
@@ -265,7 +266,7 @@ def _as_type(col: str, kind: str, spec_type: str) -> str:
 
 def _event_micros(stream, schema: pa.Schema, src) -> str:
     """Spark SQL for the stream's event time in epoch microseconds (null when unusable): the one rule,
-    :func:`mjoin.eventtime.event_time_sql`, of the column's type in the files (an ``expr`` typed by Spark)."""
+    :func:`mjoin.model.eventtime.event_time_sql`, of the column's type in the files (an ``expr`` typed by Spark)."""
     et = stream.event_time
     return eventtime.event_time_sql(et, None if et.expr is not None else _kind(schema.field(et.column).type), src)
 
@@ -436,7 +437,7 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     A file whose data does not read in a task is left out and reported through an accumulator
     (``inspected.reports``): after the Spark job that ran the input, :meth:`Inspected.collect_unreadable`
     quarantines it as ``unreadable``, as the driver path does. None when there is no file."""
-    from .frame import arrow_schema, spark_schema
+    from mjoin.engine.frame import arrow_schema, spark_schema
 
     groups = [(name, fschema, list(paths), inspected.can_reject(name, paths, late_before))
               for name, fschema, paths in _groups(inspected)]
@@ -506,7 +507,7 @@ def write_file_rejects(quarantine_root: str, rejects: list, batch_id: int) -> No
 def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: EngineQuery) -> None:
     import numpy as np
 
-    from .results import write_parquet
+    from mjoin.engine.results import write_parquet
 
     s_col = np.asarray(table.column("_s").to_numpy(zero_copy_only=False))
     b_col = np.asarray(table.column("batch").to_numpy(zero_copy_only=False))
@@ -544,7 +545,7 @@ def local_supported(query, streams) -> bool:
 
 def _micros(arr: pa.ChunkedArray, kind: str) -> pa.Array:
     """Event time in epoch microseconds, as :func:`_event_micros` computes it (null when unusable):
-    :func:`mjoin.eventtime.micros_arrow`."""
+    :func:`mjoin.model.eventtime.micros_arrow`."""
     return eventtime.micros_arrow(arr, kind)
 
 
@@ -684,7 +685,7 @@ def normalize_arrow(query, eq: EngineQuery, name: str, fschema: pa.Schema, paths
     :func:`scan_streams` (Spark's tasks) both call it."""
     import pyarrow.compute as pc
 
-    from .frame import arrow_frame_schema
+    from mjoin.engine.frame import arrow_frame_schema
 
     frame = arrow_frame_schema(eq)
     stream = query.stream(name)
@@ -753,7 +754,7 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     one table (:func:`normalize_arrow`: the per-file rules, the event time's conversion by the group's type,
     ``_file`` from each row's file); a file whose data does not read is quarantined whole (``unreadable``:
     :meth:`Inspected.unreadable`) and the others are read."""
-    from .frame import arrow_input_schema, payload_slots
+    from mjoin.engine.frame import arrow_input_schema, payload_slots
 
     schema = arrow_input_schema(eq)
     slot_of = {name: slot for pairs in payload_slots(eq)[1].values() for name, slot in pairs}
@@ -785,7 +786,7 @@ def punctuation_rows(query, eq: EngineQuery, landed: list, buckets: int, schema:
     ``_batch`` column (interval runs; None drops the file)."""
     import numpy as np
 
-    from .. import punctuation as pmod
+    from mjoin.model import punctuation as pmod
 
     by_source: dict = {}
     for s in query.streams:

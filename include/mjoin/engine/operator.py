@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from ..partition import group_of
-from .compiled import CompiledPlan, EngineQuery, key_name
-from .frame import delta_columns
+from mjoin.model.keygroups import group_of
+from mjoin.engine.compiled import CompiledPlan, EngineQuery, key_name
+from mjoin.engine.frame import delta_columns
 
 EMPTY = np.zeros(0, dtype=np.int64)
 KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT, KIND_PROBE = 0, 1, 2, 3, 4, 5
@@ -479,7 +479,7 @@ def _promise_schema(attr_class: str) -> pa.Schema:
 
 
 def _intervals(rows: KeyedRows | None):
-    from ..punctuation import merged_ranges
+    from mjoin.model.punctuation import merged_ranges
 
     if rows is None or len(rows) == 0:
         return EMPTY, EMPTY
@@ -490,7 +490,7 @@ def _dead_mask(keys: np.ndarray, promised: dict, states: dict, exclude: str | No
     """Which ``keys`` no future result can have: promised away by some stream s (``promised``: s ->
     disjoint intervals) that holds no tuple with the key any more (``states``: s -> its state);
     ``exclude``: the stream whose tuples these keys are (its own promise says nothing about its tuples)."""
-    from ..punctuation import covered
+    from mjoin.model.punctuation import covered
 
     out = np.zeros(len(keys), dtype=bool)
     for s, (lo, hi) in promised.items():
@@ -732,7 +732,7 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 continue
             drop = _dead_mask(d.key, promised, old, exclude=j)
             if j in promised:  # its own tuples after its promise: counted, joined as they are
-                from ..punctuation import covered
+                from mjoin.model.punctuation import covered
 
                 punct["violations"] += int(covered(d.key, *promised[j]).sum())
             if drop.any():

@@ -12,7 +12,7 @@ Two layouts under ``<lake>/results/<query>/``, read by one reader (:func:`result
 A batch counts once its folder's ``_SUCCESS`` exists. A batch's own folder wins over a range that holds
 it: only a later run of that batch can have written it (a pipelined run first clears the batch folders
 and the overlapping ranges of its batches, :func:`clear_batches`). The quarantine's rejected rows
-(:mod:`mjoin.quarantine`) use the same two folder names.
+(:mod:`mjoin.lake.quarantine`) use the same two folder names.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import fsutil
+from mjoin.lake import fsutil
 
 BATCH_DIR = re.compile(r"^batch=(\d+)$")
 RANGE_DIR = re.compile(r"^batches=(\d+)-(\d+)$")
@@ -119,7 +119,7 @@ def _results_dir(path_or_lake, query) -> str:
     if isinstance(path_or_lake, tuple):
         path_or_lake, query = path_or_lake
     if query is not None:
-        from ..lake import Lake
+        from mjoin.lake.layout import Lake
 
         lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
         return lake.results(query if isinstance(query, str) else query.name)

@@ -16,7 +16,7 @@ fixes which positions a batch id holds, and the file log never changes what a po
 batch re-run after a crash sees the same files. Modification times play no part.
 
 - What is listed: the Parquet files (``kind = "data"``) and the punctuation files
-  (``punctuation-<n>.json``, ``kind = "punctuation"``, :mod:`mjoin.punctuation`), a folder's data
+  (``punctuation-<n>.json``, ``kind = "punctuation"``, :mod:`mjoin.model.punctuation`), a folder's data
   before its punctuations.
 - Listing: every arrival folder once (new folders), and again while its arrival epoch is within
   ``recheck_seconds`` of the newest arrival seen for the source (a producer that writes a folder's
@@ -40,7 +40,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .. import fsutil
+from mjoin.lake import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class FileEntry:
     arrival: int | None
     size: int
     mtime: float
-    kind: str = "data"  # "data" (Parquet) or "punctuation" (mjoin.punctuation), after its folder's data
+    kind: str = "data"  # "data" (Parquet) or "punctuation" (mjoin.model.punctuation), after its folder's data
 
     def to_json(self) -> dict:
         return {"seq": self.seq, "path": self.path, "source": self.source, "arrival": self.arrival,
@@ -199,7 +199,7 @@ def _pyspark_classes():
         """Offsets are positions in the file log (runs in Spark's Python source runner process)."""
 
         def __init__(self, options):
-            from ..lake import Lake
+            from mjoin.lake.layout import Lake
 
             self.lake = Lake(options["lake"])
             self.sources = json.loads(options["sources"])

@@ -29,19 +29,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from .. import contract, fsutil
-from ..plan import PlanError
-from ..registry import PlanRegistry, RegistryError
-from ..timeutil import iso
-from .batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
-from .compiled import CompiledPlan
-from .config import EngineConfig, EngineError
-from .control import JobControl, Watcher
-from .inputs import as_lake, as_plan, as_query
-from .normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
+from mjoin.lake import contract, fsutil
+from mjoin.model.plan import PlanError
+from mjoin.lake.registry import PlanRegistry, RegistryError
+from mjoin.model.timeutil import iso
+from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from mjoin.engine.compiled import CompiledPlan
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.control import JobControl, Watcher
+from mjoin.engine.inputs import as_lake, as_plan, as_query
+from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
                         punctuation_rows, write_quarantine)
-from .source import FileLog, batch_offsets, file_log_dir, source_frame
-from .watermark import Watermarks
+from mjoin.engine.source import FileLog, batch_offsets, file_log_dir, source_frame
+from mjoin.engine.watermark import Watermarks
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class StreamSummary:
                 f"  results: {self.results_path}\n  metrics: {self.metrics_path}")
 
 
-#: Spark's checkpoint logs on a local lake: mjoin's manager (no fork per log write; :mod:`mjoin.jvm`, on the
+#: Spark's checkpoint logs on a local lake: mjoin's manager (no fork per log write; :mod:`mjoin.runtime.jvm`, on the
 #: class path when built), else through Hadoop's ``FileSystem`` API (Spark 4 name, then Spark 3's)
 FS_CHECKPOINT_MANAGERS = (
     "mjoin.spark.LocalCheckpointFileManager",
@@ -90,7 +90,7 @@ def checkpoint_manager(spark, lake) -> str | None:
     implementation without Hadoop's native library forks ``readlink`` (and ``chmod``) for every rename of
     the offset and commit logs: that cost 75-80 ms of each of ``walCommit`` and ``commitOffsets`` per
     micro-batch here, 15-20 ms with the ``FileSystem`` one. Even that one forks ``chmod`` for each
-    temporary file and its checksum file (~8 ms each); mjoin's own manager (:mod:`mjoin.jvm`, when its jar
+    temporary file and its checksum file (~8 ms each); mjoin's own manager (:mod:`mjoin.runtime.jvm`, when its jar
     was built and is on the driver's class path) writes the temporary file without it and is preferred.
     A rename on a local filesystem is atomic either way, and one job per query holds the claim
     (engine.control), so nobody races the log. A ``file://`` URL is the same local filesystem through

@@ -34,7 +34,7 @@ class Watermarks:
     first_ts: int | None = None  # the first batch's smallest per-stream maximum (progress of silent streams)
     watermark: int | None = None  # the job's watermark (micros); None: no row is late yet
     idle: tuple = ()  # streams lagging the leader by more than the idle timeout
-    #: stream -> event time (micros) it promised no later tuple below (a punctuation, mjoin.punctuation)
+    #: stream -> event time (micros) it promised no later tuple below (a punctuation, mjoin.model.punctuation)
     promised: dict = field(default_factory=dict)
 
     @classmethod

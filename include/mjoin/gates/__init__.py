@@ -13,13 +13,13 @@ Each returns a :class:`GateResult`; none raises on bad data (``raise_for_status(
 ``python -m mjoin check {input,stats,forecast,plan}`` runs them from a shell. The
 expectation suites are code, in :mod:`mjoin.gates.suites`.
 """
-from .config import GateConfig, GateConfigError
-from .forecast import check_forecast
-from .history import read_history
-from .input import check_input, summarize_input
-from .plan import check_plan
-from .result import FAILED, NO_CHANGE, PASSED, Failure, GateFailed, GateResult
-from .stats import StatisticsGateError, check_statistics, history_from_statistics
+from mjoin.gates.config import GateConfig, GateConfigError
+from mjoin.gates.forecast import check_forecast
+from mjoin.gates.history import read_history
+from mjoin.gates.input import check_input, summarize_input
+from mjoin.gates.plan import check_plan
+from mjoin.gates.result import FAILED, NO_CHANGE, PASSED, Failure, GateFailed, GateResult
+from mjoin.gates.stats import StatisticsGateError, check_statistics, history_from_statistics
 
 __all__ = [
     "GateConfig", "GateConfigError", "GateResult", "Failure", "GateFailed", "PASSED", "FAILED", "NO_CHANGE",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from .gxengine import evaluated_names, run_suite
-from .result import FAILED, NO_CHANGE, GateResult, status_of
+from mjoin.gates.gxengine import evaluated_names, run_suite
+from mjoin.gates.result import FAILED, NO_CHANGE, GateResult, status_of
 
 log = logging.getLogger("mjoin.gates")
 

@@ -12,16 +12,16 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ..timeutil import parse_duration
-from ..contract import DEFAULT_POSITIONAL
-from ..forecast_bound import SPREADS, ForecastBound
+from mjoin.model.timeutil import parse_duration
+from mjoin.lake.contract import DEFAULT_POSITIONAL
+from mjoin.forecast.bound import SPREADS, ForecastBound
 
 
 class GateConfigError(ValueError):
     """An override that names no threshold or has a value of the wrong kind."""
 
 
-#: DEFAULT_POSITIONAL (mjoin.contract): file names the lake reuses in every arrival folder
+#: DEFAULT_POSITIONAL (mjoin.lake.contract): file names the lake reuses in every arrival folder
 #: (``Lake.stream_file``: part-00000.parquet): such a name landed twice is not a duplicate; any other name
 #: (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is taken as unique to its file
 
@@ -77,7 +77,7 @@ class GateConfig:
     min_history: int = 10
 
     # ---- 3. forecast gate ------------------------------------------------------------
-    # (defaults: mjoin.forecast_bound.ForecastBound, the one bound the gate and the forecast share)
+    # (defaults: mjoin.forecast.bound.ForecastBound, the one bound the gate and the forecast share)
     #: recent cycles the forecast is compared with (default 10)
     forecast_window: int = ForecastBound.window
     #: a forecast value fails when it lies more than k * spread outside [min, max] of the recent
@@ -183,7 +183,7 @@ class GateConfig:
 
     # ---- derived ---------------------------------------------------------------------
     def forecast_bound(self) -> ForecastBound:
-        """The range rule ``forecast.near_recent_history`` checks, as :func:`mjoin.forecast.forecast` applies it."""
+        """The range rule ``forecast.near_recent_history`` checks, as :func:`mjoin.forecast.holt.forecast` applies it."""
         return ForecastBound(window=self.forecast_window, k=self.forecast_spread_k, spread=self.forecast_spread,
                              floor_rel=self.forecast_floor_rel, floor_abs=self.forecast_floor_abs,
                              floor_abs_gamma=self.forecast_floor_abs_gamma)

@@ -2,7 +2,7 @@
 
 "Absurdly far": more than ``forecast_spread_k`` spreads outside the range ``[min, max]`` of
 the last ``forecast_window`` cycles of the series before the forecast (a value the series has
-already taken is never absurd); the spread and its floor: :mod:`mjoin.forecast_bound`, the
+already taken is never absurd); the spread and its floor: :mod:`mjoin.forecast.bound`, the
 one bound the gate checks and the forecast keeps Holt within (``GateConfig.forecast_bound()``).
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..forecast_bound import MAD_TO_SIGMA, spread_of
-from ..schemas import SchemaError
-from ..statistics import ROW_COLUMNS, Statistics, StatisticsError
-from .base import GateRun
-from .config import GateConfig
-from .frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, recorded_groups, tidy_frame, where_label
-from .result import GateResult
-from .suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
+from mjoin.forecast.bound import MAD_TO_SIGMA, spread_of
+from mjoin.model.schemas import SchemaError
+from mjoin.model.statistics import ROW_COLUMNS, Statistics, StatisticsError
+from mjoin.gates.base import GateRun
+from mjoin.gates.config import GateConfig
+from mjoin.gates.frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, recorded_groups, tidy_frame, where_label
+from mjoin.gates.result import GateResult
+from mjoin.gates.suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
                      forecast_values_suite, history_columns_suite)
 
 __all__ = ["MAD_TO_SIGMA", "spread_of", "load_forecast", "plausibility_frame", "check_forecast"]

@@ -1,6 +1,6 @@
 """Summary frames shared by the statistics and forecast gates: tidy statistics rows made checkable.
 
-The tidy form is ``mjoin.statistics.ROW_COLUMNS`` (one row per cycle x key group x
+The tidy form is ``mjoin.model.statistics.ROW_COLUMNS`` (one row per cycle x key group x
 stream or directed edge). :func:`tidy_frame` adds what the suites check on:
 ``cycle`` (UTC timestamp), ``where`` (``[cu]@2026-01-01T00:10:00Z``,
 ``[cu][sr]@...``, `` g<k>`` for key group k > 0), ``known`` (in the join graph),
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..timeutil import iso
-from .suites import EDGE_FIELDS, REQUIRED_COLUMNS, STREAM_FIELDS
+from mjoin.model.timeutil import iso
+from mjoin.gates.suites import EDGE_FIELDS, REQUIRED_COLUMNS, STREAM_FIELDS
 
 FIELDS = STREAM_FIELDS + EDGE_FIELDS
 
@@ -27,12 +27,12 @@ UNKNOWN = _Unknown()
 
 
 def groups_of(partitioning) -> list[int]:
-    """The key group ids a partitioning defines: a rule (:mod:`mjoin.partition`; ``None`` or ``{}`` = no
+    """The key group ids a partitioning defines: a rule (:mod:`mjoin.model.keygroups`; ``None`` or ``{}`` = no
     partitioning, one group 0), a number of groups, a list of group ids, or a Plan (its partitioning)."""
-    from ..partition import num_groups
-    from .config import GateConfigError
+    from mjoin.model.keygroups import num_groups
+    from mjoin.gates.config import GateConfigError
 
-    if hasattr(partitioning, "orders") and hasattr(partitioning, "partitioning"):  # a mjoin.plan.Plan
+    if hasattr(partitioning, "orders") and hasattr(partitioning, "partitioning"):  # a mjoin.model.plan.Plan
         partitioning = partitioning.partitioning
     try:
         if partitioning is None or (isinstance(partitioning, dict) and not partitioning):

@@ -27,7 +27,7 @@ import string
 import threading
 from typing import Iterable
 
-from .result import FAILED, MAX_VALUES, Failure
+from mjoin.gates.result import FAILED, MAX_VALUES, Failure
 
 
 WHERE, ROW_ID = "where", "row_id"
@@ -274,7 +274,7 @@ def _plain(v):
         except (ValueError, TypeError):
             return str(v)
     if hasattr(v, "isoformat") and v == v:
-        from ..timeutil import iso
+        from mjoin.model.timeutil import iso
 
         try:
             return iso(v)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import fsutil
-from ..statistics import ROW_COLUMNS, Statistics
+from mjoin.lake import fsutil
+from mjoin.model.statistics import ROW_COLUMNS, Statistics
 
 
 def read_history(path, query_name: str | None = None) -> pd.DataFrame:
@@ -19,7 +19,7 @@ def read_history(path, query_name: str | None = None) -> pd.DataFrame:
     A Parquet history comes with its cycles' metadata in ``attrs["cycles"]`` (the partitioning each
     cycle was computed with: the statistics and forecast gates expect its key groups); JSON
     snapshots that name a partitioning record it the same way."""
-    from ..stats.history import read_history as read_parquet_history
+    from mjoin.stats.history import read_history as read_parquet_history
 
     path = str(path)
     if not fsutil.exists(path):
@@ -34,7 +34,7 @@ def read_history(path, query_name: str | None = None) -> pd.DataFrame:
 
 
 def _from_snapshots(paths) -> pd.DataFrame:
-    from ..timeutil import iso
+    from mjoin.model.timeutil import iso
 
     snaps = [Statistics.load(p) for p in sorted(paths)]
     frame = pd.DataFrame([r for s in snaps for r in s.to_rows()], columns=list(ROW_COLUMNS))

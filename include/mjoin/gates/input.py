@@ -45,15 +45,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import fsutil
-from ..contract import FileFacts, Seen, file_size, footer_fingerprint, to_epoch_seconds, type_problem
-from ..contract import inspect as inspect_file
-from ..timeutil import cycles as cycle_starts
-from ..timeutil import iso, parse_duration, parse_time
-from .base import GateRun
-from .config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
-from .result import GateResult
-from .suites import input_cycles_suite, input_files_suite
+from mjoin.lake import fsutil
+from mjoin.lake.contract import FileFacts, Seen, file_size, footer_fingerprint, to_epoch_seconds, type_problem
+from mjoin.lake.contract import inspect as inspect_file
+from mjoin.model.timeutil import cycles as cycle_starts
+from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.gates.base import GateRun
+from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
+from mjoin.gates.result import GateResult
+from mjoin.gates.suites import input_cycles_suite, input_files_suite
 
 # ---- schema --------------------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ def unchecked_event_time(stream, spark: bool) -> str | None:
 
 
 def summarize_file(path: str, stream, lo: float, hi: float, *, scan: bool = True) -> dict:
-    """The contract's file-level rules (:func:`mjoin.contract.inspect`: readable, key columns, schema, event
+    """The contract's file-level rules (:func:`mjoin.lake.contract.inspect`: readable, key columns, schema, event
     time, footer fingerprint) and, with ``scan``, NULL-key and event-time counts of one landed file."""
     out = {"rows": math.nan, "read_error": None, "schema_problem": None, "missing_keys": None,
            "no_event_time": None, "null_key_rows": math.nan, "late": math.nan, "future": math.nan,
@@ -289,7 +289,7 @@ def file_fingerprint(path: str) -> tuple[int | None, str | None]:
 def find_duplicates(files: list[dict], positional_names: str = DEFAULT_POSITIONAL) -> dict:
     """``{path: (earlier label, kind)}`` for files that repeat an earlier one of ``files`` (dicts with
     ``path``, ``label``, ``rows``, ``fingerprint``, in landing order), by the contract's rule
-    (:class:`mjoin.contract.Seen`: same bytes, same non-positional name, same footer fingerprint)."""
+    (:class:`mjoin.lake.contract.Seen`: same bytes, same non-positional name, same footer fingerprint)."""
     seen = Seen(positional=positional_names)
     dup = {}
     for f in files:
@@ -395,7 +395,7 @@ def judge_rows(rows: list[dict], history: dict, cfg: GateConfig, quiet: set) -> 
     ``<kind>_limit`` (the most bad rows its checked rows may hold at the stream's tolerated share
     ``<kind>_share``, from ``<kind>_basis``: history, cap or config) and ``min_rows`` (rows it must hold).
     Bonferroni over all rows: each is judged at (1 - fraction_confidence) / len(rows)."""
-    from .bounds import count_limit, row_alpha, rows_floor, tolerated_share
+    from mjoin.gates.bounds import count_limit, row_alpha, rows_floor, tolerated_share
 
     alpha = row_alpha(cfg.fraction_confidence, len(rows))
     for r in rows:
@@ -455,7 +455,7 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
                         "fingerprint": summaries[p]["fingerprint"]} for _, p in files]
         dups = find_duplicates(candidates, cfg.positional_file_names)
         if use_spark:
-            from .input_spark import scan_with_spark
+            from mjoin.gates.input_spark import scan_with_spark
 
             # one Spark scan per set of usable columns (and their types): a multi-file read needs one schema
             batches = defaultdict(list)

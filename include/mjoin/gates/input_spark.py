@@ -35,10 +35,10 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
         return {}
     from pyspark.sql import functions as F
 
-    from ..stats.sources import event_time_sql
+    from mjoin.stats.sources import event_time_sql
 
     if spark is None:
-        from ..sparkutil import get_spark
+        from mjoin.runtime.spark import get_spark
 
         spark = get_spark("mjoin-gate-input")
     df = spark.read.parquet(*paths)

@@ -138,7 +138,7 @@ class GateResult:
         return json.dumps(self.to_json(), indent=indent, allow_nan=False)
 
     def save(self, path) -> None:
-        from ..fsutil import atomic_write_text
+        from mjoin.lake.fsutil import atomic_write_text
 
         atomic_write_text(path, self.dumps())
 
@@ -168,7 +168,7 @@ def jsonable(obj: Any):
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in obj]
     if isinstance(obj, datetime):
-        from ..timeutil import iso
+        from mjoin.model.timeutil import iso
 
         if obj != obj:  # pandas NaT
             return None

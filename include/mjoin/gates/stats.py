@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..statistics import ROW_COLUMNS
-from ..timeutil import cycles as cycle_starts
-from ..timeutil import iso, parse_duration, parse_time
-from .base import GateRun
-from .config import GateConfig
-from .frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, missing_columns, recorded_groups, tidy_frame, to_cycle
-from .result import GateResult
-from .suites import columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite, stats_values_suite
+from mjoin.model.statistics import ROW_COLUMNS
+from mjoin.model.timeutil import cycles as cycle_starts
+from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.gates.base import GateRun
+from mjoin.gates.config import GateConfig
+from mjoin.gates.frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, missing_columns, recorded_groups, tidy_frame, to_cycle
+from mjoin.gates.result import GateResult
+from mjoin.gates.suites import columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite, stats_values_suite
 
 
 class StatisticsGateError(ValueError):
@@ -114,6 +114,6 @@ def check_statistics(query, history: pd.DataFrame, start, end, cycle_seconds: fl
 
 
 def history_from_statistics(snapshots) -> pd.DataFrame:
-    """Tidy rows (``ROW_COLUMNS``) from :class:`~mjoin.statistics.Statistics` snapshots."""
+    """Tidy rows (``ROW_COLUMNS``) from :class:`~mjoin.model.statistics.Statistics` snapshots."""
     rows = [r for s in snapshots for r in s.to_rows()]
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))

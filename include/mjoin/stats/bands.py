@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import eventtime, fsutil
+from mjoin.model import eventtime
+from mjoin.lake import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def _rows(lake, stream, column: str, lo_us: int, hi_us: int, key: str | None) ->
                 t = pq.read_table(fh, columns=list(dict.fromkeys([c for c in (key, et, column) if c])))
         except (OSError, pa.ArrowException, KeyError):
             continue  # the contract's rules reject such a file; the engine quarantines it
-        col = t.column(et)  # the engine's rule (mjoin.eventtime): the same microsecond as the join puts the row in
+        col = t.column(et)  # the engine's rule (mjoin.model.eventtime): the same microsecond as the join puts the row in
         us = eventtime.micros_arrow(col, eventtime.arrow_kind(col.type))
         t_ok = np.asarray(us.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         ts = us.fill_null(-1).to_numpy()
@@ -61,7 +62,7 @@ def _rows(lake, stream, column: str, lo_us: int, hi_us: int, key: str | None) ->
 
 def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
     """``{cycle j: (q, m, s)}`` of the directed edge ``left -> right`` with ``band`` applied."""
-    from ..engine.operator import within_band
+    from mjoin.engine.operator import within_band
 
     ls, rs = query.stream(left), query.stream(right)
     w_r = int(round(rs.window * 1e6))

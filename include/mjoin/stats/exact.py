@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .sources import Grid, US, case_sid, cdiv, fdiv
+from mjoin.stats.sources import Grid, US, case_sid, cdiv, fdiv
 
 
 def _pdf(df) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def driver_pass(read, query, grid: Grid, rule, usable, windows_us, stream_classe
     """:func:`one_pass` with the kernel on the driver over the rows ``read(query, grid, rule, usable,
     stream_classes)`` gives (:func:`mjoin.stats.sources.read_routed`: the same rows, read with pyarrow, no Spark
     job)."""
-    from . import kernel
+    from mjoin.stats import kernel
 
     params = kernel_params(grid, windows_us, stream_classes, class_members, buckets, cells)
     t = time.perf_counter()
@@ -78,7 +78,7 @@ def driver_pass(read, query, grid: Grid, rule, usable, windows_us, stream_classe
 
 
 def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int, cells: tuple = ()):
-    from . import kernel
+    from mjoin.stats import kernel
 
     return kernel.Params(grid.t0_us, grid.t1_us, grid.tau_us, tuple(int(w) for w in windows_us),
                          tuple(cs[0] for cs in stream_classes),
@@ -109,7 +109,7 @@ def route(base, stream_classes: list[list[int]], buckets: int, partitions: int |
 
 def run_partials(routed, params) -> dict:
     """The kernel over every partition of ``routed`` (a ``mapInArrow`` task each), one collect, the sum."""
-    from . import kernel
+    from mjoin.stats import kernel
 
     def run(batches):
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
@@ -123,7 +123,7 @@ def run_partials(routed, params) -> dict:
 
 def run_on_driver(routed, params) -> dict:
     """The kernel once over all of ``routed``, collected as Arrow (the same outputs as :func:`run_partials`)."""
-    from . import kernel
+    from mjoin.stats import kernel
 
     t = time.perf_counter()
     rows = routed.toArrow()
@@ -135,7 +135,7 @@ def run_on_driver(routed, params) -> dict:
 def _summed(out, params, seconds: dict) -> dict:
     """The kernel's partial counts summed (:func:`mjoin.stats.kernel.reduce_partials`), with the phases'
     ``seconds`` (plus ``reduce``) and ``partial_rows``."""
-    from . import kernel
+    from mjoin.stats import kernel
 
     t = time.perf_counter()
     res = kernel.reduce_partials(out, params, len(params.class_members))

@@ -35,9 +35,9 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from .. import fsutil
-from ..statistics import ROW_COLUMNS, Statistics, StatisticsError, json_default
-from ..timeutil import iso, parse_time, to_epoch
+from mjoin.lake import fsutil
+from mjoin.model.statistics import ROW_COLUMNS, Statistics, StatisticsError, json_default
+from mjoin.model.timeutil import iso, parse_time, to_epoch
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +387,7 @@ def cycle_starts(history: pd.DataFrame) -> list[pd.Timestamp]:
 
 
 def snapshot(history: pd.DataFrame, cycle_start) -> Statistics:
-    """One measured cycle of a history frame as :class:`~mjoin.statistics.Statistics`."""
+    """One measured cycle of a history frame as :class:`~mjoin.model.statistics.Statistics`."""
     at = pd.Timestamp(parse_time(cycle_start))
     starts = pd.to_datetime(history["cycle_start"], utc=True)
     rows = history[starts == at]

@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from ..partition import num_groups, rule_problems
-from ..sparkutil import session_info
-from ..statistics import Statistics, StatisticsError
-from ..timeutil import iso, to_epoch
-from . import exact, history
-from .sources import US, DriverReadUnsupported, Grid, checked_files, driver_read_problem, load_streams, read_routed
+from mjoin.model.keygroups import num_groups, rule_problems
+from mjoin.runtime.spark import session_info
+from mjoin.model.statistics import Statistics, StatisticsError
+from mjoin.model.timeutil import iso, to_epoch
+from mjoin.stats import exact, history
+from mjoin.stats.sources import US, DriverReadUnsupported, Grid, checked_files, driver_read_problem, load_streams, read_routed
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class StatsJobError(StatisticsError):
 @dataclass
 class StatsConfig:
     mode: str = "exact"
-    partitioning: dict | None = None  # a plan's partitioning rule (mjoin.partition); None: one group 0
+    partitioning: dict | None = None  # a plan's partitioning rule (mjoin.model.keygroups); None: one group 0
     histogram_buckets: int = 1024  # 0: exact keys (one row per key: only for small key domains)
     prune_arrivals: bool = True
-    sketch: "object | None" = None  # mjoin.sketch.SketchConfig for mode="sketch" (defaults if None)
+    sketch: "object | None" = None  # mjoin.stats.sketch.SketchConfig for mode="sketch" (defaults if None)
     method: str = "pass"  # exact mode: "pass" (one Spark job) or "sql" (one aggregation per statistic)
     # exact pass: run the kernel on the driver when the files to read hold at most this many rows (times
     # the attribute classes; Parquet footers); 0: always on the executors. The kernel's peak memory is
@@ -54,7 +54,7 @@ class StatsConfig:
     driver_rows: int = 1_000_000
     # per-cell statistics in the same pass (exact pass mode, queries on one attribute class): per key bucket
     # pmod(key, B) and per key range (R equal ranges of [0, 2^k) >= the keys), what the optimizer needs to
-    # price key-to-group rules it has not run (mjoin.optimizers.partitioning); 0: none
+    # price key-to-group rules it has not run (mjoin.optimizer.partitioning); 0: none
     key_buckets: int = 64
     key_ranges: int = 64
     # exact pass with the kernel on the driver: read the interval's files with pyarrow there too (no Spark job),
@@ -190,7 +190,7 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     run.rows.attrs["cycles"] = {iso(e): m for e, m in run.cycle_meta.items()}
     timings["assemble"] = time.perf_counter() - t
     if getattr(query, "bands", ()):  # edges a band filters: their matches as the engine keeps them
-        from .bands import apply_bands
+        from mjoin.stats.bands import apply_bands
 
         t = time.perf_counter()
         run.rows = apply_bands(run.rows, query, lake, grid)
@@ -279,8 +279,8 @@ def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_membe
             edges = exact.edge_counts(base, grid, windows_us, class_members)
             timings["edges"] = time.perf_counter() - t
         else:
-            from ..sketch import SketchConfig
-            from . import sketchmode
+            from mjoin.stats.sketch import SketchConfig
+            from mjoin.stats import sketchmode
 
             config = replace(config, sketch=config.sketch or SketchConfig())
             t = time.perf_counter()

@@ -15,8 +15,8 @@ key group and slice, Spark aggregates (no per-key state beyond the bounded parts
   chosen so that a window holds about ``sample_keys`` sampled keys).
 
 The driver then estimates, per edge and cycle, ``s`` with the skimmed-sketch join size
-and ``m`` from dense keys plus the sample (:mod:`mjoin.sketch`), against ``r``'s window
-state as a weighted sum of its slices (weights: :func:`mjoin.sketch.window_weights`,
+and ``m`` from dense keys plus the sample (:mod:`mjoin.stats.sketch`), against ``r``'s window
+state as a weighted sum of its slices (weights: :func:`mjoin.stats.sketch.window_weights`,
 uniform arrivals within a slice). ``q``, ``lambda``, ``tuples`` and ``window_tuples`` stay
 exact (they need no per-key state).
 
@@ -31,8 +31,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from .. import sketch as sk
-from .sources import Grid, fdiv
+from mjoin.stats import sketch as sk
+from mjoin.stats.sources import Grid, fdiv
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _kappa(spark, slices, grid: Grid, windows_us, stream_classes, S: int, delta:
 
 
 def _summaries(totals, dense_counts, sample, cells, cfg, rate) -> dict:
-    """One :class:`mjoin.sketch.Skimmed` per ``(sid, ci, g, b)``."""
+    """One :class:`mjoin.stats.sketch.Skimmed` per ``(sid, ci, g, b)``."""
     out = {}
     for rec in totals.itertuples(index=False):
         out[(int(rec.sid), int(rec.ci), int(rec.g), int(rec.b))] = sk.Skimmed(

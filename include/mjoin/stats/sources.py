@@ -27,8 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import eventtime, fsutil
-from ..partition import group_of, sql_group_expr
+from mjoin.model import eventtime
+from mjoin.lake import fsutil
+from mjoin.model.keygroups import group_of, sql_group_expr
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def file_problem(schema: pa.Schema, stream) -> str | None:
 
 def event_time_sql(stream, src, kind: str | None = None) -> str:
     """Event time of a row as epoch microseconds (NULL when unusable): the engine's rule
-    (:func:`mjoin.eventtime.event_time_sql`) for the event-time column's ``kind`` in the files (default: its
+    (:func:`mjoin.model.eventtime.event_time_sql`) for the event-time column's ``kind`` in the files (default: its
     type as the DataFrame ``src`` reads it; an ``expr`` is typed by Spark on ``src``)."""
     et = stream.event_time
     if et.expr is None and kind is None:
@@ -347,7 +348,7 @@ def driver_read_problem(spark, query) -> str | None:
 
 def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """Event time as epoch microseconds and its validity, as :func:`event_time_sql` computes it in a UTC
-    session: :func:`mjoin.eventtime.micros_arrow` of the column's kind."""
+    session: :func:`mjoin.model.eventtime.micros_arrow` of the column's kind."""
     try:
         us = eventtime.micros_arrow(col, eventtime.arrow_kind(col.type))
     except ValueError as exc:  # a string: Spark's to parse
@@ -356,7 +357,7 @@ def _micros(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _groups(key: np.ndarray, key_ok: np.ndarray, rule: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """The key group of each row (:func:`mjoin.partition.group_of`, as ``partition.sql_group_expr``); NULL
+    """The key group of each row (:func:`mjoin.model.keygroups.group_of`, as ``partition.sql_group_expr``); NULL
     where the key is NULL (no rule: every row in group 0)."""
     if not rule:
         return np.zeros(len(key), dtype=np.int64), np.ones(len(key), dtype=bool)

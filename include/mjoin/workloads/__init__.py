@@ -10,15 +10,15 @@ A workload is a folder::
 Public API: :func:`generate_tpcds`, :func:`generate_synthetic`, :func:`land`,
 :func:`load_manifest`, :func:`load_schedule`.
 """
-from .errors import ScheduleError, WorkloadError
-from .lander import LandResult, LandedCycle, cycles_bound, land
-from .manifest import Manifest, load_manifest
-from .params import DEFAULT_CYCLE, DEFAULT_START
-from .presets import PRESETS
-from .schedule import Schedule, load_schedule, parse_schedule
-from .synthetic import generate_synthetic
-from .tpcds_cache import ensure_tables
-from .tpcds_replay import TPCDS_QUERIES, generate_tpcds
+from mjoin.workloads.errors import ScheduleError, WorkloadError
+from mjoin.workloads.lander import LandResult, LandedCycle, cycles_bound, land
+from mjoin.workloads.manifest import Manifest, load_manifest
+from mjoin.workloads.params import DEFAULT_CYCLE, DEFAULT_START
+from mjoin.workloads.presets import PRESETS
+from mjoin.workloads.schedule import Schedule, load_schedule, parse_schedule
+from mjoin.workloads.synthetic import generate_synthetic
+from mjoin.workloads.tpcds_cache import ensure_tables
+from mjoin.workloads.tpcds_replay import TPCDS_QUERIES, generate_tpcds
 
 __all__ = [
     "DEFAULT_CYCLE", "DEFAULT_START", "LandResult", "LandedCycle", "Manifest", "PRESETS", "Schedule", "ScheduleError",

@@ -29,11 +29,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from .. import fsutil
-from ..lake import Lake
-from ..timeutil import iso, to_epoch
-from .errors import WorkloadError
-from .manifest import Manifest, load_manifest
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso, to_epoch
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.manifest import Manifest, load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def land(workload_dir, lake, until, *, since=None, speed: float | None = None, s
     """Copy every arrival cycle with ``since <= epoch < until`` of the workload into the lake.
 
     ``until``/``since``: ISO-8601, epoch seconds, datetime, or None (no bound).
-    ``lake``: a :class:`mjoin.lake.Lake` or its root (local path or filesystem URL).
+    ``lake``: a :class:`mjoin.lake.layout.Lake` or its root (local path or filesystem URL).
     ``speed``: follow the simulated clock at ``speed`` x real time (None: as fast as possible).
     ``wall_clock`` (e.g. ``time.time``; not with ``speed``): land cycle ``e`` once the wall clock passes its end.
     ``on_cycle(epoch, [LandedCycle])`` is called after each landed cycle.

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..lake import Lake
-from ..timeutil import iso, parse_duration, to_epoch
-from .errors import WorkloadError
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso, parse_duration, to_epoch
+from mjoin.workloads.errors import WorkloadError
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def run_live(lake, *, sf: float = 0.1, cycle=10, chunk="1h", backlog="10m", seed
     """Feed ``lake`` with a real-time TPC-DS replay (see the module docstring); returns when ``until``
     (ISO-8601 or epoch seconds) is reached, or never. ``sleep`` may raise to stop the feed between cycles.
     The workloads go to ``workdir`` (default ``<project>/.cache/live``) and are removed once landed."""
-    from ..resources import PROJECT_DIR
-    from .lander import land
-    from .tpcds_replay import generate_tpcds
+    from mjoin.runtime.resources import PROJECT_DIR
+    from mjoin.workloads.lander import land
+    from mjoin.workloads.tpcds_replay import generate_tpcds
 
     lake = lake if isinstance(lake, Lake) else Lake(str(lake))
     cycle_s, chunk_s, backlog_s = parse_duration(cycle), parse_duration(chunk), parse_duration(backlog)

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..timeutil import iso
-from .errors import WorkloadError
+from mjoin.model.timeutil import iso
+from mjoin.workloads.errors import WorkloadError
 
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
@@ -136,7 +136,7 @@ class Manifest:
         return out
 
     def queries(self):
-        from ..query import load_query
+        from mjoin.model.query import load_query
 
         return [load_query(r) for r in self.query_refs()]
 

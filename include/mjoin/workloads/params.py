@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 
-from ..timeutil import parse_duration, parse_time, to_micros
-from .errors import WorkloadError
+from mjoin.model.timeutil import parse_duration, parse_time, to_micros
+from mjoin.workloads.errors import WorkloadError
 
 #: Default start of the simulated clock.
 DEFAULT_START = "2026-01-01T00:00:00Z"

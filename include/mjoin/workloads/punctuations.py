@@ -1,7 +1,7 @@
 """Punctuations for a generated workload: where a key's life in a stream ends, say so (PJoin).
 
 Scans a workload's stream files per source and join-key column, finds each key's last arrival cycle,
-and writes one punctuation file (:mod:`mjoin.punctuation`) per source and cycle into the workload's
+and writes one punctuation file (:mod:`mjoin.model.punctuation`) per source and cycle into the workload's
 arrival folder of that cycle, promising that the keys whose last tuple was in it come no more. Keys
 still seen in the last ``keep_cycles`` cycles are not promised (their life may go on after the
 workload ends). The promises are exact: they are computed from the whole workload. The lander lands
@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import punctuation
-from .errors import WorkloadError
-from .manifest import load_manifest
+from mjoin.model import punctuation
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.manifest import load_manifest
 
 
 def write_punctuations(workload_dir, columns: dict, *, keep_cycles: int = 1) -> dict:

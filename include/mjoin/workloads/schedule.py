@@ -70,8 +70,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..timeutil import format_duration, parse_duration
-from .errors import ScheduleError
+from mjoin.model.timeutil import format_duration, parse_duration
+from mjoin.workloads.errors import ScheduleError
 
 #: Parameter -> (default, minimum, maximum, integral)
 PARAMS = {
@@ -393,7 +393,7 @@ def _keys(doc, names: tuple) -> tuple:
 
 def load_schedule(ref, *, streams: int, duration, rate=None, domain=None) -> Schedule:
     """A schedule from a preset name (:data:`PRESETS`), a YAML/JSON file, or a dict."""
-    from .presets import PRESETS, preset_document
+    from mjoin.workloads.presets import PRESETS, preset_document
 
     _check_streams(streams)
     if isinstance(ref, dict):

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..lake import Lake
-from ..query import DECIMAL, Stream
+from mjoin.lake.layout import Lake
+from mjoin.model.query import DECIMAL, Stream
 
 TS = "ts"
 TS_TYPE = pa.timestamp("us", tz="UTC")

@@ -34,15 +34,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from .. import __version__
-from ..query import load_query, parse_query
-from ..timeutil import format_duration, iso
-from . import params
-from .errors import WorkloadError
-from .manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
-from .schedule import KEY, KEY2, KEY2_PARAMS, PARAMS, ZIPF_STEP, Schedule, load_schedule, zipf_cdf
-from .streamfiles import TS, spec_mismatches, ts_array, write_stream
-from .workdir import staged_output
+from mjoin import __version__
+from mjoin.model.query import load_query, parse_query
+from mjoin.model.timeutil import format_duration, iso
+from mjoin.workloads import params
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
+from mjoin.workloads.schedule import KEY, KEY2, KEY2_PARAMS, PARAMS, ZIPF_STEP, Schedule, load_schedule, zipf_cdf
+from mjoin.workloads.streamfiles import TS, spec_mismatches, ts_array, write_stream
+from mjoin.workloads.workdir import staged_output
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ..resources import PROJECT_DIR
-from .errors import WorkloadError
+from mjoin.runtime.resources import PROJECT_DIR
+from mjoin.workloads.errors import WorkloadError
 
 log = logging.getLogger(__name__)
 

@@ -31,14 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import __version__
-from ..query import load_query
-from ..timeutil import format_duration, iso
-from . import params, tpcds_cache
-from .errors import WorkloadError
-from .manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
-from .streamfiles import TS, cast_columns, null_counts, spec_mismatches, ts_array, write_stream
-from .workdir import staged_output
+from mjoin import __version__
+from mjoin.model.query import load_query
+from mjoin.model.timeutil import format_duration, iso
+from mjoin.workloads import params, tpcds_cache
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.manifest import MANIFEST_VERSION, Manifest, load_manifest, time_range, write_manifest
+from mjoin.workloads.streamfiles import TS, cast_columns, null_counts, spec_mismatches, ts_array, write_stream
+from mjoin.workloads.workdir import staged_output
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .errors import WorkloadError
+from mjoin.workloads.errors import WorkloadError
 
 MANIFEST = "manifest.json"
 

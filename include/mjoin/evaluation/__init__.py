@@ -1,0 +1,1 @@
+"""What each strategy would have cost on the same data: the historical evaluation, the cycle-by-cycle replay, the report."""

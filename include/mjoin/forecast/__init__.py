@@ -1,0 +1,1 @@
+"""One-step-ahead forecasts of the statistics (Holt smoothing) and the range a forecast may take."""
