@@ -23,7 +23,7 @@ def logical(k: int) -> str:
 def make_world(root: Path) -> dict:
     """The workload, the lake, the Airflow home (DAGs parsed into its metadata DB) and the runs' conf."""
     from mjoin.loop.airflow_env import airflow_cmd
-    from mjoin.workloads import generate_tpcds
+    from mjoin.workloads.tpcds_replay import generate_tpcds
 
     workload = root / "workload"
     generate_tpcds(workload, sf=0.01, duration=f"{8 * PERIOD}s", cycle=CYCLE, start=iso(START))

@@ -190,9 +190,9 @@ def reference(query, lake: Lake, start_us=None, end_us=None, exclude_files=None,
 
 def synthetic_with_reference(root, start: int, end: int, **generate) -> tuple:
     """``(lake, query, DuckDB's rows over [start, end))`` of a synthetic workload generated into ``root``
-    (``generate``: :func:`mjoin.workloads.generate_synthetic`'s parameters)."""
+    (``generate``: :func:`mjoin.workloads.synthetic.generate_synthetic`'s parameters)."""
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     generate_synthetic(root, **generate)
     query = load_query(str(root / "query.yaml"))

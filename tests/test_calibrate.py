@@ -206,14 +206,15 @@ def test_calibrate_from_real_engine_metrics(spark, tmp_path):
 
     from engine_helpers import T0
     from mjoin.optimizer.calibrate import calibrate_from_lake, engine_observations, predict_step_seconds
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.lake.layout import Lake
     from mjoin.optimizer.strategies import optimize
     from mjoin.optimizer.synthetic import random_statistics
     from mjoin.model.plan import make_plan, orders_from_permutation
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     # ~100 tuples/s per stream over 5000 keys: thousands of lookups per step and more matches than lookups,
     # so that alpha_m is identified (over 20000 keys matches were ~30% of the lookups and a run under load

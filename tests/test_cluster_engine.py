@@ -24,7 +24,10 @@ from cluster_helpers import cluster_dir, job_env, require_cluster
 from engine_helpers import land_first_arrivals, replay_tpcds
 from mjoin.runtime import cluster
 from mjoin.lake import fsutil
-from mjoin.engine import EngineConfig, committed_batches, read_metrics, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.results import committed_batches
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.runs import run_stream
 from mjoin.engine.control import JobControl
 from mjoin.engine.results import result_fingerprint
 from mjoin.lake.layout import Lake

@@ -12,7 +12,9 @@ import pytest
 
 from engine_helpers import land_first_arrivals, replay_tpcds
 from mjoin.lake import fsutil
-from mjoin.engine import EngineConfig, read_metrics, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.runs import run_stream
 from mjoin.engine.control import JobControl, JobRunning
 from mjoin.engine.results import result_fingerprint
 from mjoin.engine.source import FileLog, file_log_dir

@@ -79,7 +79,7 @@ def test_loop_step_deploys_what_gating_every_order_and_strategy_deploys(seed_que
     from mjoin.evaluation.cycle_loop import CycleLoop, LoopSettings, plan_key
     from mjoin.evaluation.evaluate import RECIPES
     from mjoin.forecast.holt import forecast, last_value
-    from mjoin.gates import check_plan
+    from mjoin.gates.plan import check_plan
     from mjoin.optimizer.strategies import optimize
     from mjoin.model.statistics import ROW_COLUMNS
 
@@ -247,7 +247,7 @@ def test_composed_schedule_equals_a_real_switching_run(spark, tmp_path):
 
     from mjoin.evaluation.cycle_loop import plan_key
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     wl = tmp_path / "w"
     m = generate_synthetic(wl, streams=3, duration="90s", rate=6.0, domain=12, schedule="rate-swap", window="30s",

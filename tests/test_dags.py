@@ -125,7 +125,7 @@ def test_three_consecutive_runs_leave_plans_with_lineage(world, connect):
         assert lin["run"].startswith("manual__") and lin["interval"][1] in {logical(k) for k in (1, 2, 3)}
         assert fsutil.exists(lin["forecast"]) and all(fsutil.exists(p) for p in lin["gates"].values())
     # the join of each run used the plan active at that time (metrics carry the version)
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
 
     versions = [m.get("plan_version") for m in read_metrics(Lake(str(world["lake"])), QUERY)]
     assert versions and versions[0] is None and 1 in versions  # run 1: spec order; later runs: v1 or newer
@@ -208,7 +208,7 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world, connect):
     """
     from mjoin.loop.airflow_env import airflow_cmd
     from mjoin.loop.ui import read_outcomes
-    from mjoin.workloads import land
+    from mjoin.workloads.lander import land
 
     from airflow_helpers import LiveFeed, api_call
 

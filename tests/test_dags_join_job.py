@@ -46,7 +46,7 @@ class Lander(threading.Thread):
             raise Lander.Stop()
 
     def run(self):
-        from mjoin.workloads import land
+        from mjoin.workloads.lander import land
 
         workload, lake, since, until, speed = self.args
         try:
@@ -66,9 +66,9 @@ def test_join_job_lifecycle_and_continuous_reoptimization(world):
     for as long as the job), a continuous-mode mjoin_reoptimize run while it runs (the job picks up the new
     version at its next batch and await_switch sees it), then stop and status runs. Own lake, so the live
     registry of the other tests is untouched."""
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.control import JobControl
-    from mjoin.workloads import land
+    from mjoin.workloads.lander import land
 
     env, lake = world["env"], world["root"] / "lake_continuous"
     control = JobControl(Lake(str(lake)), QUERY)

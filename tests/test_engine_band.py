@@ -8,7 +8,10 @@ from itertools import permutations
 import pytest
 
 from engine_helpers import assert_same_results, no_leaked_queries, reference, replay_tpcds
-from mjoin.engine import EngineConfig, read_metrics, read_results, result_fingerprint, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results, result_fingerprint
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.engine.interval import run_interval_plans
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation

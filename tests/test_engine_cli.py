@@ -8,7 +8,8 @@ import pytest
 
 from engine_helpers import T0, write_stream_file
 from mjoin.cli import main
-from mjoin.engine import read_metrics, read_results
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
 
@@ -87,7 +88,8 @@ def test_processing_time_trigger_runs_until_stopped(spark, tiny_lake, seed_query
     import time
 
     from mjoin.lake import fsutil
-    from mjoin.engine import EngineConfig, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.runs import run_stream
 
     done = threading.Event()
 

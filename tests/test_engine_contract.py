@@ -20,7 +20,10 @@ import pytest
 
 from engine_helpers import TPCDS_TABLES, assert_same_results, no_leaked_queries, reference, replay_tpcds
 from mjoin.lake import quarantine
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.lake.layout import Lake
 from mjoin.model.query import parse_query
 

@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from engine_helpers import TPCDS_TABLES, assert_same_results, multiset, no_leaked_queries, reference, replay_tpcds
-from mjoin.engine import EngineConfig, committed_batches, read_metrics, read_results, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.results import committed_batches, read_results
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.runs import run_stream
 from mjoin.engine.control import JobControl, JobRunning
 from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso

@@ -8,7 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import T0, TPCDS_TABLES, assert_same_results, reference, replay_tpcds, synthetic_with_reference
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_interval
 from mjoin.engine.interval import run_interval_plans
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation

@@ -17,7 +17,10 @@ import pytest
 
 from engine_helpers import T0, no_leaked_queries, replay_tpcds, write_null_time_copy
 from mjoin.lake import fsutil, quarantine
-from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import result_fingerprint
+from mjoin.engine.runs import run_interval
 from mjoin.engine.compiled import EngineQuery
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation

@@ -19,7 +19,10 @@ import pytest
 
 from engine_helpers import (T0, TPCDS_TABLES, assert_same_results, kill_tree, multiset, no_leaked_queries, reference,
                             replay_tpcds, start_job, write_stream_file)
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.engine.control import JobControl
 from mjoin.lake.layout import Lake
 from mjoin.model.query import parse_query

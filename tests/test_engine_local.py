@@ -12,7 +12,10 @@ import pytest
 
 from engine_helpers import assert_same_results, no_leaked_queries, replay_tpcds, write_null_time_copy
 from mjoin.lake import fsutil
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_stream
 from mjoin.engine.state import StateStore
 from mjoin.lake.layout import Lake
 

@@ -11,7 +11,10 @@ import pyarrow as pa
 import pytest
 
 from engine_helpers import no_leaked_queries, replay_tpcds
-from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import result_fingerprint
+from mjoin.engine.runs import run_interval
 from mjoin.engine import batch as batch_mod
 from mjoin.engine.compiled import key_name
 from mjoin.engine.operator import KeyedRows

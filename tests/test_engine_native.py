@@ -7,7 +7,9 @@ import pytest
 
 from engine_helpers import T0, assert_same_results, reference, replay_tpcds
 from mjoin.cli import main
-from mjoin.engine import read_metrics, read_results, run_stream
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_stream
 from mjoin.engine.native import native_plan, plan_info
 from mjoin.lake.layout import Lake
 from mjoin.model.query import parse_query

@@ -11,7 +11,10 @@ import pytest
 
 from engine_helpers import T0, assert_same_results, no_leaked_queries, reference, write_stream_file
 from mjoin.model import punctuation
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.model.query import parse_query

@@ -11,7 +11,10 @@ import pytest
 from engine_helpers import WAVE, assert_same_results, make_synthetic, reference, synth_query, write_stream_file
 from mjoin.lake import fsutil
 from mjoin.lake.contract import FILE_REASONS
-from mjoin.engine import EngineConfig, read_metrics, read_results, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
+from mjoin.engine.runs import run_stream
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.interval import run_interval_plans
 from mjoin.engine.normalize import inspect_files

@@ -14,7 +14,10 @@ import pytest
 
 from engine_helpers import (TPCDS_TABLES, assert_same_results, kill_tree, multiset, no_leaked_queries, reference,
                             replay_tpcds, start_job)
-from mjoin.engine import EngineConfig, committed_batches, read_metrics, read_results, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.results import committed_batches, read_results
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.runs import run_stream
 from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
 from mjoin.engine.control import JobControl
 from mjoin.engine.inputs import compile_plan
@@ -138,7 +141,7 @@ def test_rerun_of_a_batch_replaces_its_output(spark, staged, seed_query, tmp_pat
     assert m0["tuples"] == m1["tuples"] and m0["keys"] == m1["keys"]
     assert [r["batch_id"] for r in read_metrics(lake, seed_query.name)] == [0]
     # a checkpoint that is behind the state is refused, not silently mixed
-    from mjoin.engine import EngineError
+    from mjoin.engine.config import EngineError
 
     with pytest.raises(EngineError, match="ahead"):
         runner.store.commit(dict(m1, version=5, batch_id=5))

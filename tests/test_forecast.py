@@ -263,7 +263,7 @@ def step_series() -> np.ndarray:
 
 def test_a_holt_forecast_past_the_recent_range_becomes_the_last_value():
     from mjoin.forecast.bound import ForecastBound
-    from mjoin.gates import GateConfig
+    from mjoin.gates.config import GateConfig
 
     y = step_series()
     off = forecast_series(y, "lambda", config=ForecastConfig(bound=None))
@@ -328,7 +328,8 @@ def step_history(query, n=40):
 
 
 def test_the_bounded_forecast_passes_the_forecast_gate_that_holt_alone_fails(seed_query, holt_global_fit):
-    from mjoin.gates import GateConfig, check_forecast
+    from mjoin.gates.config import GateConfig
+    from mjoin.gates.forecast import check_forecast
 
     h = step_history(seed_query)
     as_of = T0 + pd.Timedelta(seconds=TAU * 40)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mjoin.gates import FAILED, NO_CHANGE, PASSED, Failure, GateConfig, GateConfigError, GateFailed, GateResult
+from mjoin.gates.result import FAILED, NO_CHANGE, PASSED, Failure, GateFailed, GateResult
+from mjoin.gates.config import GateConfig, GateConfigError
 from mjoin.gates.result import jsonable, status_of
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "gates.md"
@@ -128,7 +129,7 @@ def test_gates_import_neither_spark_nor_airflow():
 
 def test_gx_context_is_reused_and_keeps_no_results(seed_query):
     """One context per process; validation results are not accumulated in it."""
-    from mjoin.gates import check_plan
+    from mjoin.gates.plan import check_plan
     from mjoin.gates.gxengine import runner
     from mjoin.model.plan import make_plan, orders_from_permutation
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mjoin.gates import GateConfig, check_forecast
+from mjoin.gates.config import GateConfig
+from mjoin.gates.forecast import check_forecast
 from mjoin.gates.forecast import MAD_TO_SIGMA, spread_of
 from mjoin.model.statistics import Statistics
 from test_gates_support import cycle_iso, history, snapshot
@@ -208,7 +209,7 @@ def test_key_group_missing_from_the_forecast(seed_query):
 
 
 def test_partitioning_recorded_in_the_history_is_used(seed_query, tmp_path):
-    from mjoin.gates import read_history
+    from mjoin.gates.history import read_history
     from test_gates_support import write_history
 
     hist2 = history(seed_query, N, groups=(0, 1))

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mjoin.gates import GateConfig, GateConfigError, check_input, summarize_input
+from mjoin.gates.config import GateConfig, GateConfigError
+from mjoin.gates.input import check_input, summarize_input
 from mjoin.gates.input import type_problem
 from test_gates_support import CYCLE, EPOCH0, cycle_iso, good_lake, write_stream_file
 

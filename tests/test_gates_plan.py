@@ -7,7 +7,9 @@ from itertools import permutations
 
 import pytest
 
-from mjoin.gates import GateConfig, GateFailed, check_plan
+from mjoin.gates.config import GateConfig
+from mjoin.gates.result import GateFailed
+from mjoin.gates.plan import check_plan
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.lake.registry import PlanRegistry
 from test_gates_support import cycle_iso, snapshot

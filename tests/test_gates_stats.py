@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mjoin.gates import GateConfig, StatisticsGateError, check_statistics, read_history
+from mjoin.gates.config import GateConfig
+from mjoin.gates.stats import StatisticsGateError, check_statistics
+from mjoin.gates.history import read_history
 from mjoin.model.statistics import ROW_COLUMNS
 from test_gates_support import CYCLE, cycle_iso, history, select
 
@@ -292,7 +294,7 @@ def test_partitioning_recorded_by_the_stats_job_is_used(seed_query, tmp_path):
 
 
 def test_bad_partitioning_argument(seed_query, good):
-    from mjoin.gates import GateConfigError
+    from mjoin.gates.config import GateConfigError
 
     with pytest.raises(GateConfigError, match="defines no key groups"):
         run(seed_query, good, partitioning={"method": "zigzag"})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mjoin.gates import GateConfig, check_statistics
+from mjoin.gates.config import GateConfig
+from mjoin.gates.stats import check_statistics
 from mjoin.gates import gxengine
 from mjoin.gates.frames import mark_expected_groups, tidy_frame
 from mjoin.gates.suites import stats_values_suite

@@ -154,7 +154,10 @@ def _run(spark, query, lake, out, monkeypatch, force_rejects: bool = False) -> d
     """An interval run on the Spark path; ``force_rejects``: as if every file could reject a row (the path
     with the reject columns). Returns the run's result fingerprint, quarantined rows and whether the routed
     rows (what crosses the exchange) had the reject columns."""
-    from mjoin.engine import EngineConfig, interval, result_fingerprint, run_interval
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine import interval
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval
     from mjoin.engine.normalize import Inspected
 
     seen = []
@@ -205,7 +208,10 @@ def test_clean_lake_routes_without_reject_columns_bad_row_keeps_them(spark, seed
 def test_stream_batches_without_reject_columns_until_a_late_row(spark, seed_query, clean_lake, tmp_path, monkeypatch):
     """Per micro-batch on the Spark path: clean arrivals go without the reject columns; an arrival with a row
     before the watermark keeps them and quarantines it as late."""
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_stream
     from mjoin.engine.batch import BatchRunner
 
     lake = Lake(str(tmp_path / "lake"))

@@ -14,7 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import result_fingerprint
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.engine.interval import run_interval_plans
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.frame import arrow_input_schema, payload_slots, to_layout

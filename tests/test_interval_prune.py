@@ -14,7 +14,10 @@ import pytest
 
 from engine_helpers import (T0, assert_same_results, no_leaked_queries, reference, replay_tpcds, synth_query,
                             write_null_time_copy)
-from mjoin.engine import EngineConfig, read_metrics, read_results, result_fingerprint, run_interval
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results, result_fingerprint
+from mjoin.engine.runs import run_interval
 from mjoin.engine.compiled import EngineQuery
 from mjoin.engine.interval import batch_local
 from mjoin.engine.normalize import PRUNE_MARGIN_US, Inspected, inspect_files

@@ -55,7 +55,7 @@ def test_backlog_lands_at_once_then_each_cycle_at_its_end_and_a_restart_continue
 
 
 def test_chunk_must_be_whole_cycles(tmp_path):
-    from mjoin.workloads import WorkloadError
+    from mjoin.workloads.errors import WorkloadError
 
     with pytest.raises(WorkloadError, match="whole number of cycles"):
         run_live(tmp_path, cycle=10, chunk="25s", until=NOW, wall_clock=lambda: NOW)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(EVAL))
 import overhead_rate  # noqa: E402
 import run_evaluation  # noqa: E402
 
-from mjoin.workloads import load_manifest  # noqa: E402
+from mjoin.workloads.manifest import load_manifest  # noqa: E402
 from mjoin.workloads.tpcds_cache import ensure_tables  # noqa: E402
 
 SF = 0.01

@@ -8,7 +8,9 @@ from itertools import permutations
 import pytest
 
 from engine_helpers import T0, no_leaked_queries
-from mjoin.engine import EngineConfig, read_metrics, run_interval, run_stream
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.runs import run_interval, run_stream
 from mjoin.engine.batch import BatchRunner, apply_engine_conf, restore_conf
 from mjoin.engine.compiled import key_name
 from mjoin.engine.inputs import compile_plan
@@ -28,7 +30,7 @@ START, END, CYCLE = T0 + 60, T0 + 180, 30  # 4 batches of 30 s after a 1-minute 
 def workload(tmp_path_factory):
     """The generator's 4-stream query, skewed keys over 400 values, 1-minute windows (results in every batch)."""
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     root = tmp_path_factory.mktemp("pmjoin") / "w"
     generate_synthetic(root, streams=4, duration="3m", rate=4, domain=400, window="1m", cycle="30s", seed=5)
@@ -116,7 +118,7 @@ def test_streaming_picks_up_rule_changes_at_batch_boundaries(spark, workload, tm
     from mjoin.engine import stream
 
     root, q = workload
-    from mjoin.workloads import land
+    from mjoin.workloads.lander import land
 
     lake = Lake(str(tmp_path / "lake"))
     land(root, lake, None)  # cycle by cycle, in arrival order

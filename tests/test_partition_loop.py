@@ -26,7 +26,8 @@ NUM = ["lambda", "kappa", "window_tuples", "tuples", "gamma", "mu", "q", "m", "s
 def stripes(tmp_path_factory):
     """The stripes preset (s1 hot on key stripes 0-13 mod 32, s2 on 16-29, drifting), landed in a lake."""
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic, land
+    from mjoin.workloads.synthetic import generate_synthetic
+    from mjoin.workloads.lander import land
 
     root = tmp_path_factory.mktemp("stripes")
     generate_synthetic(root / "w", streams=4, duration="3m", schedule="stripes", rate=30, domain=512, window="30s",

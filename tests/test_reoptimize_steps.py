@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mjoin.lake import fsutil
-from mjoin.gates import GateConfig, GateConfigError
+from mjoin.gates.config import GateConfig, GateConfigError
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.lake.registry import PlanRegistry
@@ -217,7 +217,7 @@ class RunningJob:
         self.next += n
 
     def start(self) -> None:
-        from mjoin.engine import run_stream
+        from mjoin.engine.runs import run_stream
 
         def run():
             try:
@@ -240,7 +240,7 @@ class RunningJob:
 
 @pytest.fixture(scope="module")
 def job(spark, seed_query, tmp_path_factory):
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.control import JobControl
 
     j = RunningJob(spark, seed_query, tmp_path_factory.mktemp("continuous"))
@@ -293,7 +293,7 @@ def test_await_switch_returns_once_a_batch_runs_the_new_version(job, tmp_path, s
     out = await_switch(cfg, ctx, deployed, poll=0.5)
     timer.join()
     assert out["outcome"] == "switched" and out["version"] == 1 and out["batch_id"] > deployed["job"]["last_batch_id"]
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
 
     rec = next(m for m in read_metrics(job.lake, QUERY) if m["batch_id"] == out["batch_id"])
     assert rec["plan_version"] == 1 and rec["plan_switch"]["to"] == 1

@@ -82,7 +82,7 @@ def test_band_alone_edges_and_keyless_streams(spark, tmp_path):
     the optimizer plans over them and the statistics gate accepts them."""
     import sys
 
-    from mjoin.gates import check_statistics
+    from mjoin.gates.stats import check_statistics
     from mjoin.optimizer.strategies import optimize
     from mjoin.model.query import parse_query
     from mjoin.stats.job import compute_statistics

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mjoin.cli import main
-from mjoin.workloads import load_manifest
+from mjoin.workloads.manifest import load_manifest
 from mjoin.workloads.tpcds_cache import ensure_tables
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"

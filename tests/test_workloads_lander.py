@@ -9,7 +9,9 @@ import duckdb
 import pytest
 
 from mjoin.lake.layout import Lake
-from mjoin.workloads import WorkloadError, cycles_bound, generate_tpcds, land
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.lander import cycles_bound, land
+from mjoin.workloads.tpcds_replay import generate_tpcds
 from mjoin.workloads.tpcds_cache import ensure_tables
 
 SF = 0.01

@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mjoin.model.query import load_query
-from mjoin.workloads import ScheduleError, WorkloadError, generate_synthetic, load_schedule, parse_schedule
+from mjoin.workloads.errors import ScheduleError, WorkloadError
+from mjoin.workloads.synthetic import generate_synthetic
+from mjoin.workloads.schedule import load_schedule, parse_schedule
 
 RATE = 20.0
 WINDOW = pd.Timedelta("60s")
@@ -224,7 +226,7 @@ def test_schedule_semantics():
 
 
 def test_presets_files_and_base_overrides(tmp_path):
-    from mjoin.workloads import PRESETS
+    from mjoin.workloads.presets import PRESETS
 
     for name in PRESETS:
         for n in (2, 3, 6):

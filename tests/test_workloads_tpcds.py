@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mjoin.model.timeutil import to_micros
-from mjoin.workloads import WorkloadError, generate_tpcds, load_manifest
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.tpcds_replay import generate_tpcds
+from mjoin.workloads.manifest import load_manifest
 from mjoin.workloads.tpcds_cache import STREAM_TABLES, ensure_tables
 
 SF = 0.01

@@ -15,7 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from mjoin.model.query import load_query
-from mjoin.workloads import PRESETS, ScheduleError, generate_synthetic, load_schedule
+from mjoin.workloads.presets import PRESETS
+from mjoin.workloads.errors import ScheduleError
+from mjoin.workloads.synthetic import generate_synthetic
+from mjoin.workloads.schedule import load_schedule
 
 #: Content digests of every preset (4 streams, 60 s, rate 20, domain 200, window 30s, seed 3), computed with the
 #: code *before* the second key was added (main at b59d49d, /tmp script equal to :func:`workload_digest`). Any change

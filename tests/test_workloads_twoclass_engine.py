@@ -7,7 +7,9 @@ import pytest
 
 from engine_helpers import T0, assert_same_results, synthetic_with_reference
 from mjoin.evaluation.cycle_loop import covering_orders
-from mjoin.engine import EngineConfig, read_metrics, read_results
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.results import read_results
 from mjoin.engine.interval import run_interval_plans
 from mjoin.model.plan import make_plan, orders_from_permutation
 

@@ -37,7 +37,10 @@ FILES_PER_BATCH = 8
 
 def side(args) -> int:
     """One driver process: warm up, then the measured interval run and streaming catch-up; prints JSON."""
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval, run_stream
     from mjoin.lake.layout import Lake
     from mjoin.runtime.resources import Resources
     from mjoin.runtime.spark import get_spark
@@ -104,7 +107,9 @@ def main(argv=None) -> int:
         return side(args)
     from mjoin.runtime import cluster
     from mjoin.engine.metrics import git_commit, machine
-    from mjoin.workloads import generate_tpcds, land, load_manifest
+    from mjoin.workloads.tpcds_replay import generate_tpcds
+    from mjoin.workloads.lander import land
+    from mjoin.workloads.manifest import load_manifest
 
     st = cluster.status()
     if not st["up"]:

@@ -48,7 +48,10 @@ def files_written(out: Path) -> dict:
 
 def worker(args) -> None:
     """In a child process (``PYTHONPATH`` = the tree's include/): JSON lines, one per run."""
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval
     from mjoin.model.plan import load_plan
     from mjoin.model.query import load_query
     from mjoin.runtime.resources import Resources

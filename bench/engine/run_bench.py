@@ -149,7 +149,9 @@ def spread(rows: list, keys) -> dict:
 def run_query(spark, args, lake, qname: str, start: int, end: int, work: Path) -> dict:
     from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
     from mjoin.optimizer.cost import CostModel
-    from mjoin.engine import EngineConfig, read_metrics, run_interval
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.runs import run_interval
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.metrics import machine
     from mjoin.model.plan import make_plan, orders_from_permutation

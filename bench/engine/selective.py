@@ -6,7 +6,7 @@ orders and the optimizers' plans side by side, and whether the engine's WALL tim
 
 Why: on TPC-DS (run_bench.py) fan-outs are ~1 and ~90% of the new tuples die at their first lookup
 whatever the order, so the order-dependent probing is ~20% of the work and the seed query's wall time
-does not follow the plan. Here the project's synthetic generator (``mjoin.workloads.generate_synthetic``,
+does not follow the plan. Here the project's synthetic generator (``mjoin.workloads.synthetic.generate_synthetic``,
 one attribute class, the 4 streams joined on ``key``) is given a schedule with very different gamma and mu:
 
 - ``s0``, ``s1`` (hot): uniform keys over a shared domain ``[0, D)``, rates such that a window holds
@@ -133,7 +133,8 @@ def rank_of(rows: list, name: str, key: str) -> int:
 def run(args) -> dict:
     from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
     from mjoin.optimizer.cost import CostModel
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.metrics import machine
     from mjoin.lake.layout import Lake
@@ -143,7 +144,7 @@ def run(args) -> dict:
     from mjoin.runtime.resources import Resources
     from mjoin.runtime.spark import get_spark
     from mjoin.stats.job import compute_statistics
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-selective-"))
     sched = schedule(args.domain, args.window, args.mu_hot, args.mu_mid, args.rare_share, args.mu_rare)
@@ -274,7 +275,7 @@ def run(args) -> dict:
                        "buckets": args.buckets, "master": args.master, "shuffle_partitions": args.partitions,
                        "rounds": args.rounds, "seed": args.seed, "execution": "pipelined",
                        "optimizer_statistics_cycle": [start - args.cycle, start]},
-        "workload": {"generator": "mjoin.workloads.generate_synthetic", "schedule": sched,
+        "workload": {"generator": "mjoin.workloads.synthetic.generate_synthetic", "schedule": sched,
                      "rows_per_stream": rows_per_stream, "generate_seconds": gen_seconds,
                      "statistics_for_optimizer": {
                          "streams": {s: v.as_dict() for s, v in g.streams.items()},

@@ -124,7 +124,7 @@ def summarize(over: dict, cycle: int) -> dict:
 def run(args) -> dict:
     from mjoin.runtime.resources import Resources
     from mjoin.runtime.spark import get_spark
-    from mjoin.workloads import load_manifest
+    from mjoin.workloads.manifest import load_manifest
 
     work = Path(args.work or tempfile.mkdtemp(prefix="mjoin-bench-overhead-rate-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -132,7 +132,8 @@ def spread(values: list) -> dict:
 def tpcds_workload(work: Path, sf: float, duration: str | None, rate: float | None = None) -> Path:
     """The paper's replay of TPC-DS at ``sf``, generated once into ``work``: lasting ``duration`` (default 1 h) or
     at ``rate`` total tuples/s (then it lasts the rows / rate; the folder name says the rate)."""
-    from mjoin.workloads import generate_tpcds, load_manifest
+    from mjoin.workloads.tpcds_replay import generate_tpcds
+    from mjoin.workloads.manifest import load_manifest
 
     out = work / (f"tpcds-sf{sf:g}" + (f"-{duration}" if duration else "") + (f"-r{rate:g}" if rate else ""))
     if not (out / "manifest.json").exists():
@@ -144,7 +145,7 @@ def tpcds_workload(work: Path, sf: float, duration: str | None, rate: float | No
 
 
 def synthetic_workload(work: Path, preset: str, duration: str, rate: float, domain: int, window: str) -> Path:
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     out = work / f"syn-{preset}-{duration}"
     if not (out / "manifest.json").exists():
@@ -156,7 +157,7 @@ def synthetic_workload(work: Path, preset: str, duration: str, rate: float, doma
 def selective_workload(work: Path, quick: bool) -> Path:
     from selective import schedule
 
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
 
     domain, duration = (240, "3m") if quick else (2400, "6m")
     out = work / f"selective-{domain}-{duration}"
@@ -173,7 +174,7 @@ def spec_of(workload: Path, name: str | None):
 
 
 def span_of(workload: Path, tau: int, limit: float | None = None) -> tuple[int, int]:
-    from mjoin.workloads import load_manifest
+    from mjoin.workloads.manifest import load_manifest
 
     m = load_manifest(workload)
     start, end = int(m.start_epoch), int(m.end_epoch)
@@ -189,7 +190,8 @@ def measure_orders(spark, query, lake, start: int, end: int, tau: int, orders: l
     """The fixed plans of ``orders`` over ``[start, end)``, ``reps`` rounds in a fresh random order each (after an
     unmeasured warm-up run): per round the merged chain and base costs, per plan its measured totals."""
     from mjoin.evaluation.cycle_loop import chain_costs, merge_runs
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.results import result_fingerprint
     from mjoin.model.plan import make_plan, orders_from_permutation
@@ -235,7 +237,7 @@ def measure_orders(spark, query, lake, start: int, end: int, tau: int, orders: l
 def switching_run(spark, query, lake, start: int, end: int, tau: int, schedule: list, plans: dict, out: Path) -> dict:
     """The engine running ``schedule`` (a plan key per batch) for real: one Spark job per batch with the loop's
     plan of that batch, as the streaming job runs batches after hot switches (``BatchRunner.run``)."""
-    from mjoin.engine import EngineConfig
+    from mjoin.engine.config import EngineConfig
     from mjoin.engine.batch import BatchRunner, apply_engine_conf, restore_conf
     from mjoin.engine.inputs import as_lake, compile_plan
     from mjoin.engine.interval import _cycles, clear_outputs, prepare_interval, warm_up
@@ -435,7 +437,9 @@ def period_overhead(spark, query, lake, loop_from: int, start: int, end: int, ta
     and its plan gate, timed per period; the join's engine time for the same period is the caller's."""
     from mjoin.optimizer.cost import plan_cost
     from mjoin.forecast.holt import forecast
-    from mjoin.gates import check_forecast, check_plan, check_statistics
+    from mjoin.gates.forecast import check_forecast
+    from mjoin.gates.plan import check_plan
+    from mjoin.gates.stats import check_statistics
     from mjoin.optimizer.strategies import optimize
     from mjoin.stats.history import read_history
     from mjoin.stats.job import run_statistics
@@ -617,7 +621,7 @@ def _val(c: dict, m: str):
 def warm_offset(query, tau: int) -> int:
     """Batches before the engine's measured interval: every window full and the statistics gate's minimum history
     present (before that every strategy runs its initial order)."""
-    from mjoin.gates import GateConfig
+    from mjoin.gates.config import GateConfig
 
     return -(-int(max(query.max_window, GateConfig().min_history * tau)) // tau)
 
@@ -814,7 +818,9 @@ def peer_job(path: str) -> int:
                                     "fingerprint": peers.fingerprint_table(table, peers.result_schema(query),
                                                                            Path(job["out"]) / f"r{r}")})
     else:
-        from mjoin.engine import EngineConfig, read_metrics, run_interval
+        from mjoin.engine.config import EngineConfig
+        from mjoin.engine.metrics import read_metrics
+        from mjoin.engine.runs import run_interval
         from mjoin.engine.results import result_fingerprint
         from mjoin.model.plan import load_plan
         from mjoin.runtime.resources import Resources

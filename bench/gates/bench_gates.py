@@ -157,7 +157,10 @@ def bench_gx(repeat: int, rows: int, spark) -> dict:
 
 
 def bench_gates(repeat: int, files: int, rows: int, spark) -> dict:
-    from mjoin.gates import check_forecast, check_input, check_plan, check_statistics, history_from_statistics
+    from mjoin.gates.forecast import check_forecast
+    from mjoin.gates.input import check_input
+    from mjoin.gates.plan import check_plan
+    from mjoin.gates.stats import check_statistics, history_from_statistics
     from mjoin.model.plan import make_plan, orders_from_permutation
     from mjoin.model.query import load_query
     from mjoin.model.timeutil import iso

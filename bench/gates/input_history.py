@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     import pyarrow
     import scipy
 
-    from mjoin.gates import GateConfig, check_input
+    from mjoin.gates.config import GateConfig
+    from mjoin.gates.input import check_input
     from mjoin.lake.layout import Lake
     from mjoin.model.query import load_query
     from mjoin.workloads.live import run_live

@@ -81,7 +81,8 @@ def versions() -> dict:
 def stripes_workload(work: Path, args, domain: int):
     from mjoin.lake.layout import Lake
     from mjoin.model.query import load_query
-    from mjoin.workloads import generate_synthetic, land
+    from mjoin.workloads.synthetic import generate_synthetic
+    from mjoin.workloads.lander import land
 
     window, period = args.window, args.period
     duration = window + period + args.intervals * period
@@ -188,7 +189,7 @@ def calibrate_here(spark, q, lake, t, t_end, plans, work, config):
     """Unmeasured warm-up runs of the first interval; the cost model and the chain cost from their metrics."""
     from mjoin.optimizer.calibrate import CalibrationError, calibrate, engine_observations
     from mjoin.optimizer.cost import CostModel, GroupOverhead
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.optimizer.partitioning import chain_overhead_from_metrics
 
@@ -209,7 +210,8 @@ def calibrate_here(spark, q, lake, t, t_end, plans, work, config):
 
 
 def run_workload(spark, name, args, work: Path) -> dict:
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.engine.results import result_fingerprint
     from mjoin.evaluation.evaluate import plan_signature

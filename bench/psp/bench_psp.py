@@ -47,7 +47,10 @@ SPEC = {
 
 
 def run_n(spark, query, landed: Path, work: Path, n: int, tag: str) -> dict:
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_stream
 
     root = work / f"n{n}-{tag}"
     shutil.rmtree(root, ignore_errors=True)
@@ -86,7 +89,9 @@ def main(argv=None) -> int:
     from mjoin.model.query import parse_query
     from mjoin.runtime.resources import Resources
     from mjoin.runtime.spark import get_spark
-    from mjoin.workloads import generate_tpcds, land, load_manifest
+    from mjoin.workloads.tpcds_replay import generate_tpcds
+    from mjoin.workloads.lander import land
+    from mjoin.workloads.manifest import load_manifest
 
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="bench-psp-"))

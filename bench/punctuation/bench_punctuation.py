@@ -40,7 +40,8 @@ def build(work: Path, minutes: int, rate: float) -> tuple:
     import yaml
 
     from mjoin.model.query import parse_query
-    from mjoin.workloads import generate_synthetic, land
+    from mjoin.workloads.synthetic import generate_synthetic
+    from mjoin.workloads.lander import land
     from mjoin.workloads.punctuations import write_punctuations
 
     wl = work / "workload"
@@ -57,7 +58,10 @@ def build(work: Path, minutes: int, rate: float) -> tuple:
 
 
 def run_mode(spark, query, landed: Path, mode: str, work: Path) -> dict:
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_stream
     from mjoin.lake.layout import Lake
     from mjoin.model.plan import make_plan, orders_from_permutation
 

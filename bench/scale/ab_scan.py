@@ -8,7 +8,8 @@ metrics (tasks, wall, task seconds, JVM CPU: the Python workers' CPU is not in i
 Prints JSON lines and a SUMMARY; writes /tmp/h30/prof.json (results/scan-vs-sql-h30-sf1.json adds machine,
 versions, commit)."""
 import json, os, shutil, statistics, time
-from mjoin.engine import EngineConfig, run_interval
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.runs import run_interval
 from mjoin.model.plan import load_plan
 from mjoin.model.query import load_query
 from mjoin.runtime.resources import Resources

@@ -36,7 +36,9 @@ PATHS = {"driver": 10**7, "spark": 0}
 
 def worker(job: dict, rounds: int, paths: list, out: str) -> None:
     """In a child process (``mjoin`` imported from the tree on ``PYTHONPATH``): JSON lines, one per timed run."""
-    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval
     from mjoin.model.plan import load_plan
     from mjoin.model.query import load_query
     from mjoin.runtime.resources import Resources

@@ -113,7 +113,9 @@ def du(path: Path) -> int:
 
 def workload(sf: float, density: str, work: Path) -> tuple[Path, object]:
     """The replay of ``sf`` lasting the density's length, landed (whole) into ``work``."""
-    from mjoin.workloads import generate_tpcds, land, load_manifest
+    from mjoin.workloads.tpcds_replay import generate_tpcds
+    from mjoin.workloads.lander import land
+    from mjoin.workloads.manifest import load_manifest
 
     wl, landed = work / f"wl-{sf:g}-{density}", work / f"landed-{sf:g}-{density}"
     if not (landed / "streams").exists():
@@ -154,7 +156,7 @@ def engine_config(path: str = "spark"):
     """The engine's configuration per path: ``spark`` (``driver_rows=0``: every interval as Spark jobs, what the
     issue's goals were set on), ``default`` (the engine's default: an interval of at most
     ``interval_driver_rows`` rows runs on the driver) or ``driver`` (on the driver whatever its size)."""
-    from mjoin.engine import EngineConfig
+    from mjoin.engine.config import EngineConfig
 
     return {"spark": EngineConfig(buckets=16, driver_rows=0), "default": EngineConfig(buckets=16),
             "driver": EngineConfig(buckets=16, interval_driver_rows=10**9, driver_rows=10**9)}[path]
@@ -163,7 +165,8 @@ def engine_config(path: str = "spark"):
 def run_mjoin(spark, landed: Path, out: Path, span, config=None) -> dict:
     """The engine over the interval with ``config`` (:func:`engine_config`; default: the Spark path). On the
     driver its input and operator phases are ``input_driver`` and ``operator_driver``."""
-    from mjoin.engine import result_fingerprint, run_interval
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval
 
     config = config or engine_config("spark")
     shutil.rmtree(out, ignore_errors=True)
@@ -193,7 +196,9 @@ def run_mjoin(spark, landed: Path, out: Path, span, config=None) -> dict:
 
 def run_native(spark, landed: Path, out: Path, span, timeout: float) -> dict:
     """spark-native over the interval; cancelled (``finished: False``) when it runs past ``timeout``."""
-    from mjoin.engine import EngineConfig, result_fingerprint, run_interval
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval
 
     shutil.rmtree(out, ignore_errors=True)
     sc = spark.sparkContext

@@ -12,7 +12,7 @@ bench/engine/run_bench.py); the interval is everything after the first 5-minute 
 
 Measured on that interval, for each size:
 
-- **engine**: ``mjoin.engine.run_interval`` (the spec's stream order, 60 s batches, 16 buckets:
+- **engine**: ``mjoin.engine.runs.run_interval`` (the spec's stream order, 60 s batches, 16 buckets:
   the engine benchmark's settings), its wall time (reading and routing the interval, the
   warm-up batch, the batches, writing results and metrics) and ``batch_seconds`` (the batches only);
 - **engine_streaming**: what the continuous join job spends on the interval: the same engine with one
@@ -188,7 +188,7 @@ def connect_runs(url: str, lake, work: Path, start: int, end: int, rounds: int) 
 
 
 def warm(spark, query, lake, work: Path, start: int, end: int, rounds: int, kinds: list[str], seed: int) -> dict:
-    from mjoin.engine import run_interval
+    from mjoin.engine.runs import run_interval
     from mjoin.stats.sketch import SketchConfig
     from mjoin.stats.job import StatsConfig, run_statistics
 

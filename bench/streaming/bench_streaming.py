@@ -214,7 +214,10 @@ def spark_floor(spark, progress: Progress, landed: Path, work: Path, rounds: int
 
 
 def catch_up(spark, kind: str, landed: Path, work: Path, seed: int, span, progress=None) -> dict:
-    from mjoin.engine import EngineConfig, read_metrics, result_fingerprint, run_interval, run_stream
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.results import result_fingerprint
+    from mjoin.engine.runs import run_interval, run_stream
 
     root = work / f"{kind}-{seed}"
     t0 = time.perf_counter()
@@ -252,8 +255,10 @@ def live(spark, workload: Path, work: Path, speed: float, trigger: float, second
     """The lander feeds a fresh lake in real time (``speed`` x the replay's clock) while the job runs with a
     processingTime trigger; per batch, its time and the lag from its newest file's landing to its end
     (spark-native: Spark's own batch times; its batches do not say which files they held)."""
-    from mjoin.engine import EngineConfig, read_metrics, run_stream
-    from mjoin.workloads import land
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.engine.runs import run_stream
+    from mjoin.workloads.lander import land
 
     lake = work / f"live-{engine}-{trigger:g}"
     shutil.rmtree(lake, ignore_errors=True)
@@ -319,7 +324,9 @@ def main(argv=None) -> int:
     from mjoin.engine.metrics import git_commit, machine
     from mjoin.runtime.resources import Resources
     from mjoin.runtime.spark import get_spark
-    from mjoin.workloads import generate_tpcds, land, load_manifest
+    from mjoin.workloads.tpcds_replay import generate_tpcds
+    from mjoin.workloads.lander import land
+    from mjoin.workloads.manifest import load_manifest
 
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))

@@ -28,7 +28,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "include"))
 
 from mjoin.lake.layout import Lake  # noqa: E402
-from mjoin.workloads import ensure_tables, generate_synthetic, generate_tpcds, land  # noqa: E402
+from mjoin.workloads.tpcds_cache import ensure_tables
+from mjoin.workloads.synthetic import generate_synthetic
+from mjoin.workloads.tpcds_replay import generate_tpcds
+from mjoin.workloads.lander import land  # noqa: E402
 
 
 def folder_size(root) -> tuple[int, int]:

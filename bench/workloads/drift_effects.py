@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE.parent.parent / "include"))
 
 import pandas as pd  # noqa: E402
 
-from mjoin.workloads import PRESETS, generate_synthetic  # noqa: E402
+from mjoin.workloads.presets import PRESETS
+from mjoin.workloads.synthetic import generate_synthetic  # noqa: E402
 
 BUCKETS = 12
 

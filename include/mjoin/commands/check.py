@@ -101,7 +101,7 @@ def _partitioning(args):
 
 def _config(args):
     from mjoin.cli import UserError
-    from mjoin.gates import GateConfig, GateConfigError
+    from mjoin.gates.config import GateConfig, GateConfigError
 
     base = {}
     if args.config:
@@ -123,7 +123,8 @@ def _config(args):
 
 def run(args) -> int:
     from mjoin.cli import UserError
-    from mjoin.gates import GateConfigError, StatisticsGateError
+    from mjoin.gates.config import GateConfigError
+    from mjoin.gates.stats import StatisticsGateError
     from mjoin.model.query import load_query
 
     if not getattr(args, "verbose", False):  # the summary is printed below; the log line would repeat it
@@ -170,7 +171,7 @@ def _duration(text):
 
 
 def _history(args, query):
-    from mjoin.gates import read_history
+    from mjoin.gates.history import read_history
     from mjoin.lake.layout import Lake
 
     return read_history(args.history if args.history else Lake(args.lake).stats(query.name))
@@ -179,7 +180,7 @@ def _history(args, query):
 def _input(args, query, cfg):
     import dataclasses
 
-    from mjoin.gates import check_input
+    from mjoin.gates.input import check_input
     from mjoin.lake.layout import Lake
 
     from mjoin.lake import fsutil
@@ -194,20 +195,20 @@ def _input(args, query, cfg):
 
 
 def _stats(args, query, cfg):
-    from mjoin.gates import check_statistics
+    from mjoin.gates.stats import check_statistics
 
     return check_statistics(query, _history(args, query), args.start, args.end, _duration(args.cycle), config=cfg,
                             partitioning=_partitioning(args))
 
 
 def _forecast(args, query, cfg):
-    from mjoin.gates import check_forecast
+    from mjoin.gates.forecast import check_forecast
 
     return check_forecast(query, args.forecast, _history(args, query), config=cfg, partitioning=_partitioning(args))
 
 
 def _plan(args, query, cfg):
-    from mjoin.gates import check_plan
+    from mjoin.gates.plan import check_plan
     from mjoin.gates.plan import model_cost_fn
     from mjoin.lake.layout import Lake
     from mjoin.lake.registry import PlanRegistry

@@ -75,7 +75,7 @@ def add_arguments(p):
 
 
 def _tpcds(args):
-    from mjoin.workloads import generate_tpcds
+    from mjoin.workloads.tpcds_replay import generate_tpcds
     from mjoin.workloads.params import DEFAULT_START
 
     return generate_tpcds(args.out, sf=args.sf, replay=args.replay, rate=args.rate, duration=args.duration,
@@ -84,7 +84,7 @@ def _tpcds(args):
 
 
 def _synthetic(args):
-    from mjoin.workloads import generate_synthetic
+    from mjoin.workloads.synthetic import generate_synthetic
     from mjoin.workloads.params import DEFAULT_START
 
     return generate_synthetic(args.out, streams=args.streams, duration=args.duration, rate=args.rate, domain=args.domain,
@@ -102,7 +102,7 @@ def _punctuations(args):
 
 def run(args) -> int:
     from mjoin.cli import UserError
-    from mjoin.workloads import WorkloadError
+    from mjoin.workloads.errors import WorkloadError
 
     try:
         manifest = args._generate(args)

@@ -31,7 +31,7 @@ def add_arguments(p):
 
 def _time(value, manifest, name):
     from mjoin.model.timeutil import parse_duration
-    from mjoin.workloads import WorkloadError
+    from mjoin.workloads.errors import WorkloadError
 
     if value is None:
         return None
@@ -48,7 +48,9 @@ def run(args) -> int:
     from mjoin.cli import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.timeutil import iso
-    from mjoin.workloads import WorkloadError, cycles_bound, land, load_manifest
+    from mjoin.workloads.errors import WorkloadError
+    from mjoin.workloads.lander import cycles_bound, land
+    from mjoin.workloads.manifest import load_manifest
 
     try:
         if args.speed is not None and args.speed <= 0:

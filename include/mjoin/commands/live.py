@@ -34,7 +34,7 @@ def run(args) -> int:
     from mjoin.cli import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.timeutil import iso
-    from mjoin.workloads import WorkloadError
+    from mjoin.workloads.errors import WorkloadError
     from mjoin.workloads.live import run_live
 
     lake = Lake(args.lake) if args.lake else Lake.default()

@@ -137,7 +137,7 @@ def _measured_costs(lake, query) -> dict:
 
 
 def config_from(args):
-    from mjoin.engine import EngineConfig
+    from mjoin.engine.config import EngineConfig
 
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
@@ -161,7 +161,8 @@ def check_interval_args(args) -> None:
 def execute(spark, args):
     """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
     from mjoin.cli import UserError
-    from mjoin.engine import EngineError, run_interval, run_stream
+    from mjoin.engine.config import EngineError
+    from mjoin.engine.runs import run_interval, run_stream
     from mjoin.lake.layout import Lake
     from mjoin.model.query import load_query
     from mjoin.lake.registry import RegistryError

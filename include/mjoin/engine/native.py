@@ -130,7 +130,7 @@ def write_batch_results(df, results_root: str, batch_id: int, eq: EngineQuery) -
 
 
 def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, config: EngineConfig | None = None):
-    """The interval of :func:`mjoin.engine.run_interval` through Spark's chained stream-stream joins."""
+    """The interval of :func:`mjoin.engine.runs.run_interval` through Spark's chained stream-stream joins."""
     from pyspark.sql import functions as F
 
     config = config or EngineConfig()

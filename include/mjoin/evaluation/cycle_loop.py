@@ -82,7 +82,7 @@ class CycleLoop:
     def __init__(self, query, settings: LoopSettings, initial_orders: list):
         from mjoin.optimizer.cost import resolve_cost_model
         from mjoin.evaluation.evaluate import RECIPES
-        from mjoin.gates import GateConfig
+        from mjoin.gates.config import GateConfig
         from mjoin.model.plan import make_plan, orders_from_permutation
 
         unknown = [s for s in settings.strategies if s not in RECIPES]
@@ -128,7 +128,8 @@ class CycleLoop:
         the last L cycles up to it): gate, forecast, gate, and per strategy optimize and gate. Returns the cycle's
         record (seconds per step, gate outcomes, deploys)."""
         from mjoin.forecast.holt import ForecastConfig, forecast, last_value
-        from mjoin.gates import check_forecast, check_statistics
+        from mjoin.gates.forecast import check_forecast
+        from mjoin.gates.stats import check_statistics
         from mjoin.optimizer.strategies import optimize
 
         q, cfg, tau = self.query, self.gate_config, self.settings.cycle
@@ -206,7 +207,7 @@ class CycleLoop:
     def _gate(self, cand, active_key, st):
         """Gate 4 on ``cand`` against the active plan ``active_key``, both costed under ``st`` (the hysteresis)."""
         from mjoin.optimizer.cost import plan_cost
-        from mjoin.gates import check_plan
+        from mjoin.gates.plan import check_plan
 
         q = self.query
         return check_plan(q, cand, active=self.plans[active_key], config=self.gate_config,

@@ -251,7 +251,8 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
     """Run the evaluation described in the module docstring; writes the table and the report."""
     from mjoin.forecast import holt as forecast_mod
     from mjoin.optimizer.cost import plan_cost, resolve_cost_model
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.engine.interval import run_interval_plans
     from mjoin.model.query import load_query
     from mjoin.stats.history import history_root, read_history

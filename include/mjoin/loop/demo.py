@@ -51,7 +51,7 @@ def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycl
     period = period_minutes * 60
     start = parse_time(START)
 
-    from mjoin.workloads import generate_tpcds
+    from mjoin.workloads.tpcds_replay import generate_tpcds
 
     t = time.perf_counter()
     manifest = generate_tpcds(workload, sf=sf, duration=f"{periods * period}s", cycle=cycle, start=START, overwrite=True)

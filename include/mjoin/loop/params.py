@@ -6,7 +6,7 @@ even ``mjoin.gates``, whose package imports pandas), so the scheduler's parsing 
 that live elsewhere are repeated here and checked by tests: the strategy names equal
 ``mjoin.optimizer.strategies.STRATEGIES`` (and ``mjoin.evaluation.evaluate.STRATEGIES``). Gate thresholds are
 not repeated at all: a param left empty (null) means "the default of
-:class:`mjoin.gates.GateConfig`", the one place of gate defaults, and the ``gates``
+:class:`mjoin.gates.config.GateConfig`", the one place of gate defaults, and the ``gates``
 overrides are checked against GateConfig when the run starts (its ``prepare`` task fails
 naming the unknown key and the known ones).
 """

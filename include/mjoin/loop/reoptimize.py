@@ -22,7 +22,7 @@ always runs in cycle mode (its join is the interval evaluation of its own
 interval; there is no running job of the past to hot-reload), whatever ``mode``
 says.
 
-Gate thresholds: one :class:`mjoin.gates.GateConfig` per run, its defaults
+Gate thresholds: one :class:`mjoin.gates.config.GateConfig` per run, its defaults
 overridden by the ``gates`` param; the ``improvement_threshold`` param is a
 shortcut for ``gates.improvement_threshold`` (the latter wins when both are
 given). Every step uses :meth:`LoopConfig.gate_config`, and messages print the
@@ -134,7 +134,7 @@ class LoopConfig:
     def _resolve_gates(self) -> None:
         """One improvement threshold: ``gates.improvement_threshold`` > the param > GateConfig's default.
         Validates every override (unknown keys and bad values raise GateConfigError, a ValueError)."""
-        from mjoin.gates import GateConfig
+        from mjoin.gates.config import GateConfig
 
         gates = dict(self.gates or {})
         param = self.improvement_threshold
@@ -171,7 +171,7 @@ class LoopConfig:
 
     def gate_config(self):
         """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
-        from mjoin.gates import GateConfig
+        from mjoin.gates.config import GateConfig
 
         overrides = dict(self.gates or {})
         if "improvement_threshold" not in overrides and self.improvement_threshold is not None:
@@ -359,7 +359,7 @@ def land(cfg: LoopConfig, ctx: dict) -> dict:
                   "evaluation namespace: history is already in the lake" if cfg.namespace else
                   "no workload parameter: data lands by itself")
         raise NoChange(reason)
-    from mjoin.workloads import land as land_workload
+    from mjoin.workloads.lander import land as land_workload
 
     res = land_workload(cfg.workload, Lake(cfg.lake), until=ctx["end"], since=ctx["start"])
     out = res.to_dict()
@@ -388,7 +388,7 @@ def _finish_gate(result, ctx: dict, name: str) -> dict:
 
 def check_input(cfg: LoopConfig, ctx: dict, *, clock=time.time, sleep=time.sleep) -> dict:
     """Gate 1 on complete cycles: first wait until the interval's last cycle is complete (:func:`await_cycles`)."""
-    from mjoin.gates import check_input as gate
+    from mjoin.gates.input import check_input as gate
 
     if ctx.get("skip"):
         raise NoChange(ctx["skip"])
@@ -471,7 +471,7 @@ def read_stats_history(cfg: LoopConfig, query, start=None, end=None):
 
 
 def check_statistics(cfg: LoopConfig, ctx: dict) -> dict:
-    from mjoin.gates import check_statistics as gate
+    from mjoin.gates.stats import check_statistics as gate
 
     query = cfg.load_query()
     start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
@@ -573,7 +573,7 @@ def stats_for_rule(cfg: LoopConfig, ctx: dict, query, rule):
 
 
 def check_forecast(cfg: LoopConfig, ctx: dict) -> dict:
-    from mjoin.gates import check_forecast as gate
+    from mjoin.gates.forecast import check_forecast as gate
 
     query = cfg.load_query()
     history, _ = rule_history(cfg, query, active_rule(cfg, query), ctx["end"])
@@ -623,7 +623,7 @@ def effective_state(cfg: LoopConfig, query, run_dir: str, stats):
     punctuations (:mod:`mjoin.stats.effective`), from its newest batches; unchanged without punctuations (and
     for evaluation namespaces, which have no live join). Recorded in ``effective_state.json``."""
     from mjoin.stats.effective import effective_statistics, engine_state_summary
-    from mjoin.engine import read_metrics
+    from mjoin.engine.metrics import read_metrics
 
     if cfg.namespace:
         return stats
@@ -642,7 +642,8 @@ def group_overhead(cfg: LoopConfig, query, run_dir: str):
     the live join's newest batches where there are enough (the defaults otherwise; evaluation namespaces have
     no live join), batches of one statistics cycle, the engine's key buckets; kept in ``group_overhead.json``."""
     from mjoin.optimizer.cost import GroupOverhead
-    from mjoin.engine import EngineConfig, read_metrics
+    from mjoin.engine.config import EngineConfig
+    from mjoin.engine.metrics import read_metrics
     from mjoin.optimizer.partitioning import overhead_from_metrics
 
     path = fsutil.join(run_dir, "group_overhead.json")
@@ -727,7 +728,7 @@ def check_plan(cfg: LoopConfig, ctx: dict) -> dict:
     costed under the forecast of its own key groups (one history, regrouped) plus its per-group overhead: the
     whole plan, rule and orders, with one hysteresis."""
     from mjoin.optimizer.cost import plan_cost
-    from mjoin.gates import check_plan as gate
+    from mjoin.gates.plan import check_plan as gate
     from mjoin.lake.registry import PlanRegistry
 
     query = cfg.load_query()
