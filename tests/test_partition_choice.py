@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from mjoin.optimizer.cost import CostModel, GroupOverhead, expected_chains, group_overhead, plan_cost
-from mjoin.optimizer.strategies import optimize, optimize_partitioned
+from mjoin.optimizer.partitioning import optimize_partitioned
+from mjoin.optimizer.strategies import optimize
 from mjoin.optimizer.partitioning import (Candidate, Cells, chain_overhead_from_metrics, choose, cost_rule, pays,
                                            range_rule, rate_rule)
 from mjoin.model.keygroups import group_of, num_groups

@@ -10,7 +10,7 @@ Per workload, for each interval ``[t_k, t_k + P)`` after a warm-up, the plans th
 - ``D1``: one group, ``exact`` on the Holt forecast (the loop without partitioning);
 - ``D1_oracle``: one group, ``exact`` on the interval's own statistics (the best single-group plan in hindsight);
 - ``<method><D>``: the rule of ``method`` (hash, range, rate, cost) with ``D`` = 2, 4, 8, 16 groups made from the
-  per-cell statistics of the period before ``t_k`` (``mjoin.optimizer.strategies.optimize_partitioned``, D forced), every
+  per-cell statistics of the period before ``t_k`` (``mjoin.optimizer.partitioning.optimize_partitioned``, D forced), every
   group's orders by ``exact`` on the forecast of its groups (re-aggregated history);
 - ``chosen``: the loop's own choice (method and D auto: the cheapest by the cost model with the per-group
   overhead, priced out of sample; one group unless partitioning pays).
@@ -133,7 +133,8 @@ def cells_of(root, q, a, b) -> dict:
 def interval_plans(q, root, t, t_end, args, model, overhead) -> tuple[dict, dict]:
     """``({name: Plan}, {name: info})`` the loop could deploy at ``t`` (see the module doc)."""
     from mjoin.forecast.holt import forecast
-    from mjoin.optimizer.strategies import optimize, optimize_partitioned
+    from mjoin.optimizer.partitioning import optimize_partitioned
+    from mjoin.optimizer.strategies import optimize
     from mjoin.model.statistics import aggregate_rows
     from mjoin.stats.cells import history_for_rule
     from mjoin.stats.history import read_history

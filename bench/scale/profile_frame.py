@@ -91,7 +91,7 @@ def widen(runner, routed):
     every stream's payload by name (from the slots of the row's stream), the reject columns, ``_batch``."""
     from mjoin.engine.compiled import key_name
     from mjoin.engine.frame import META, PARTIAL, REJECT, payload_slots
-    from mjoin.engine.normalize import sql_type
+    from mjoin.engine.frame import sql_type
 
     eq = runner.eq
     _, of = payload_slots(eq)

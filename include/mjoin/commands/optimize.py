@@ -104,8 +104,8 @@ def _key_groups(args, query) -> int:
     """--key-groups: choose the rule from the history's per-cell statistics, optimize its groups' orders."""
     from mjoin.cli import UserError
     from mjoin.optimizer.cost import CostModelError, resolve_cost_model
-    from mjoin.optimizer.strategies import OptimizerError, optimize_partitioned
-    from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells
+    from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells, optimize_partitioned
+    from mjoin.optimizer.strategies import OptimizerError
     from mjoin.stats.history import CELL_KINDS, read_cells
     from mjoin.model.statistics import StatisticsError
     from mjoin.model.timeutil import iso

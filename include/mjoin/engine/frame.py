@@ -28,12 +28,18 @@ from __future__ import annotations
 import pyarrow as pa
 
 from mjoin.engine.compiled import EngineQuery, key_name, payload_name
-from mjoin.engine.normalize import sql_type
 
 META = [("_kind", "tinyint"), ("_c", "int"), ("_b", "int"), ("_s", "int"), ("_ts", "bigint")]
 PARTIAL = [("_chain", "int"), ("_grp", "int"), ("_step", "int"), ("_lo", "bigint")]
 HI = [("_hi", "bigint")]  # a partial result's latest time bound; a punctuation's highest key
 REJECT = [("_reason", "string"), ("_file", "string"), ("_raw", "string")]
+_SPARK_TYPES = {"long": "bigint", "int": "int", "short": "smallint", "string": "string", "double": "double",
+                "float": "float", "boolean": "boolean", "date": "date", "timestamp": "timestamp"}
+
+
+def sql_type(spec_type: str) -> str:
+    """Spark SQL type name of a spec column type."""
+    return _SPARK_TYPES.get(spec_type, spec_type)
 
 
 def payload_slots(eq: EngineQuery) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:

@@ -265,7 +265,7 @@ def _stream_sources_join(spark, query, lake):
     from pyspark.sql import functions as F
 
     from mjoin.model.eventtime import event_time_sql, spark_kind
-    from mjoin.engine.normalize import sql_type
+    from mjoin.engine.frame import sql_type
 
     eq = EngineQuery.from_query(query)
     sources = {}

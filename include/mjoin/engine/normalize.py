@@ -33,6 +33,7 @@ from mjoin.lake import contract, fsutil
 from mjoin.model import eventtime
 from mjoin.runtime.pools import shared_pool
 from mjoin.engine.compiled import EngineQuery, key_name, payload_name
+from mjoin.engine.frame import sql_type
 
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.lake.contract)
@@ -42,14 +43,6 @@ REASONS = ROW_REASONS + contract.FILE_REASONS + ("bad_punctuation",)
 #: slack of :meth:`Inspected.prune_outside` around the footer's event-time bounds (1 ms: a file this close to the
 #: interval's edge is read)
 PRUNE_MARGIN_US = 1_000
-_SPARK_TYPES = {"long": "bigint", "int": "int", "short": "smallint", "string": "string", "double": "double",
-                "float": "float", "boolean": "boolean", "date": "date", "timestamp": "timestamp"}
-
-
-def sql_type(spec_type: str) -> str:
-    """Spark SQL type name of a spec column type."""
-    return _SPARK_TYPES.get(spec_type, spec_type)
-
 
 def _arrow_info(t: pa.DataType) -> tuple[str, str] | None:
     """(kind, Spark type as Spark's Parquet reader gives it) of an Arrow column type

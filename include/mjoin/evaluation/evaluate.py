@@ -41,7 +41,7 @@ from mjoin.model.timeutil import iso, parse_duration, parse_time
 log = logging.getLogger(__name__)
 
 ADAPTIVE = ("selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match")
-#: PMJoin key groups chosen per interval (mjoin.optimizer.strategies.optimize_partitioned), beside the one-group strategies
+#: PMJoin key groups chosen per interval (mjoin.optimizer.partitioning.optimize_partitioned), beside the one-group strategies
 PARTITIONED = ("exact_pmjoin", "oracle_pmjoin")
 STRATEGIES = ("fixed",) + ADAPTIVE + ("dppick_nosmooth", "oracle") + PARTITIONED
 #: what a strategy is built from: (optimizer, statistics source)
@@ -185,7 +185,7 @@ def partitioned_plans(query, cfg: EvalConfig, root: str, t, t_end, cost_model, b
     forecast of the chosen groups) or of the interval itself (``oracle_pmjoin``, orders from its own statistics)."""
     from mjoin.forecast import holt as forecast_mod
     from mjoin.optimizer.cost import GroupOverhead
-    from mjoin.optimizer.strategies import optimize_partitioned
+    from mjoin.optimizer.partitioning import optimize_partitioned
     from mjoin.optimizer.partitioning import Cells
     from mjoin.stats.cells import history_for_rule
     from mjoin.stats.history import CELL_KINDS, HistoryError, read_cells

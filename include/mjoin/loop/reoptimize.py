@@ -684,10 +684,10 @@ def key_group_cells(cfg: LoopConfig, ctx: dict, query) -> dict:
 
 def optimize(cfg: LoopConfig, ctx: dict) -> dict:
     """The candidate plan: key groups chosen from the interval's per-cell statistics (``partition_method``,
-    ``partition_groups``; :func:`mjoin.optimizer.strategies.optimize_partitioned`), every group's orders from the forecast of
+    ``partition_groups``; :func:`mjoin.optimizer.partitioning.optimize_partitioned`), every group's orders from the forecast of
     those groups (``strategy``)."""
     from mjoin.optimizer.strategies import optimize as run_optimizer
-    from mjoin.optimizer.strategies import optimize_partitioned
+    from mjoin.optimizer.partitioning import optimize_partitioned
 
     query = cfg.load_query()
     calibration = calibrate(cfg, query, ctx["run_dir"])

@@ -37,6 +37,8 @@ import numpy as np
 from mjoin.optimizer.cost import GroupOverhead, JoinProblem, order_cost, plan_cost, resolve_cost_model
 from mjoin.model.keygroups import num_groups
 from mjoin.model.statistics import Statistics, StatisticsError, aggregate_rows
+from mjoin.optimizer.strategies import optimize, search_orders
+from mjoin.stats.cells import regroup
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +230,6 @@ def rate_rule(cells: Cells, D: int, streams, seed: int = SEED) -> dict | None:
 
 def best_orders(query, problem: JoinProblem, strategy, model) -> dict:
     """``{start index: index pairs}`` of ``strategy`` for one problem."""
-    from mjoin.optimizer.strategies import search_orders
 
     return search_orders(problem, strategy, model, query=query)
 
@@ -294,8 +295,6 @@ def price(query, rule: dict | None, fit: Cells, evaluate: Statistics, cell_rule:
           overhead: GroupOverhead | None) -> float:
     """Cost per second (Eq. 1-8 summed over the groups, plus the per-group overhead) of the plan made for
     ``rule`` on ``fit``'s statistics, under ``evaluate``'s (both per cell of ``cell_rule``)."""
-    from mjoin.optimizer.strategies import optimize
-    from mjoin.stats.cells import regroup
 
     plan = optimize(query, regroup(fit.stats, cell_rule, rule), strategy, partitioning=rule or {}, cost_model=model)
     return plan_cost(query, regroup(evaluate, cell_rule, rule), plan, model, overhead, cells=(evaluate, cell_rule))
@@ -454,3 +453,27 @@ def overhead_from_metrics(records, model=None, **kw) -> tuple[GroupOverhead, dic
     from dataclasses import replace
 
     return replace(base, per_chain=per_chain), {"per_chain": "metrics", "per_chain_seconds": per_chain}
+
+
+def optimize_partitioned(query, cells: dict, strategy: str = "exact", *, methods=None, counts=None,
+                         cost_model=None, overhead=None, stats_for=None, initial_order=None,
+                         source: dict | None = None, forced: bool = False):
+    """PMJoin: choose the key-to-group rule and ``D`` (:func:`choose` over
+    ``methods`` x ``counts`` and one group, priced with the cost model summed over the groups plus the
+    per-group ``overhead``), then optimize every group's orders with ``strategy``.
+
+    - ``cells``: ``{kind: Cells}`` per-cell statistics (:class:`Cells`).
+    - ``forced``: the cheapest rule with more than one group, even where one group prices lower.
+    - ``stats_for(rule)``: the statistics to optimize the chosen rule's orders with (the loop passes the
+      forecast of that rule's groups); default: ``cells`` regrouped into the rule's groups.
+    Returns ``(plan, choice)``; ``plan.source["key_groups"]`` records the choice and every candidate's price."""
+    choice = choose(query, cells, strategy, methods=methods or METHODS, counts=counts or GROUP_COUNTS,
+                    cost_model=cost_model, overhead=overhead, forced=forced)
+    if stats_for is not None:
+        stats = stats_for(choice.rule)
+    else:
+        c = cells.get(CELLS_OF.get(choice.method, "buckets")) or next(iter(cells.values()))
+        stats = regroup(c.stats, c.rule, choice.rule)
+    plan = optimize(query, stats, strategy, initial_order=initial_order, cost_model=cost_model,
+                    partitioning=choice.rule or {}, source={**(source or {}), "key_groups": choice.to_json()})
+    return plan, choice

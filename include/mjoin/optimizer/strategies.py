@@ -154,33 +154,6 @@ def optimize(query, stats, strategy: str, *, initial_order: Sequence[str] | None
     return plan
 
 
-def optimize_partitioned(query, cells: dict, strategy: str = "exact", *, methods=None, counts=None,
-                         cost_model=None, overhead=None, stats_for=None, initial_order=None,
-                         source: dict | None = None, forced: bool = False):
-    """PMJoin: choose the key-to-group rule and ``D`` (:func:`mjoin.optimizer.partitioning.choose` over
-    ``methods`` x ``counts`` and one group, priced with the cost model summed over the groups plus the
-    per-group ``overhead``), then optimize every group's orders with ``strategy``.
-
-    - ``cells``: ``{kind: Cells}`` per-cell statistics (``mjoin.optimizer.partitioning.Cells``).
-    - ``forced``: the cheapest rule with more than one group, even where one group prices lower.
-    - ``stats_for(rule)``: the statistics to optimize the chosen rule's orders with (the loop passes the
-      forecast of that rule's groups); default: ``cells`` regrouped into the rule's groups.
-    Returns ``(plan, choice)``; ``plan.source["key_groups"]`` records the choice and every candidate's price."""
-    from mjoin.optimizer import partitioning as pm
-    from mjoin.stats.cells import regroup
-
-    choice = pm.choose(query, cells, strategy, methods=methods or pm.METHODS, counts=counts or pm.GROUP_COUNTS,
-                       cost_model=cost_model, overhead=overhead, forced=forced)
-    if stats_for is not None:
-        stats = stats_for(choice.rule)
-    else:
-        c = cells.get(pm.CELLS_OF.get(choice.method, "buckets")) or next(iter(cells.values()))
-        stats = regroup(c.stats, c.rule, choice.rule)
-    plan = optimize(query, stats, strategy, initial_order=initial_order, cost_model=cost_model,
-                    partitioning=choice.rule or {}, source={**(source or {}), "key_groups": choice.to_json()})
-    return plan, choice
-
-
 def compare(query, stats, strategies: Sequence[str] | None = None, *, initial_order=None, cost_model=None,
             partitioning=None, source: dict | None = None) -> tuple[dict, dict]:
     """Run several strategies on the same statistics: ``({name: Plan}, {name: why skipped})``
