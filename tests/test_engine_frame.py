@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin.engine.batch import route_local
+from mjoin.engine.routing import route_local
 from mjoin.engine.compiled import EngineQuery, key_name
 from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, delta_columns, frame_ddl, input_ddl,
                                 payload_slots, to_layout)

@@ -1,5 +1,5 @@
 """A pipelined interval runs all of a task's buckets of a class in one operator call (``merged`` in
-:func:`mjoin.engine.batch._pipelined_task`). It may not change a result: the merged runs (on the driver's
+:func:`mjoin.engine.pipelined.pipelined_task`). It may not change a result: the merged runs (on the driver's
 threads and in Spark tasks) give the per-batch run's results, per-batch counts, probe work and the same
 committed state per (class, stream, bucket), row for row. And :class:`mjoin.engine.operator.KeyedRows` keeps
 its rows sorted by key, old rows first within a key, through concat, purge and subset, with the key columns
@@ -15,9 +15,10 @@ from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.results import result_fingerprint
 from mjoin.engine.runs import run_interval
-from mjoin.engine import batch as batch_mod
+from mjoin.engine import pipelined
 from mjoin.engine.compiled import key_name
 from mjoin.engine.operator import KeyedRows
+from mjoin.engine.routing import task_groups
 from mjoin.engine.state import StateStore, clear_cache, load_state
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
@@ -63,7 +64,7 @@ def test_keyed_rows_concat_purge_subset_keep_the_sorted_stable_order():
 def test_task_groups_merge_only_the_merged_classes():
     t = pa.table({"_c": pa.array([0, 0, 0, 1, 1, 1], pa.int32()), "_b": pa.array([0, 1, 1, 0, 2, 2], pa.int32()),
                   "x": pa.array(range(6))})
-    got = [(ci, bks, rows.column("x").to_pylist()) for ci, bks, rows in batch_mod._task_groups(t, frozenset({0}))]
+    got = [(ci, bks, rows.column("x").to_pylist()) for ci, bks, rows in task_groups(t, frozenset({0}))]
     assert got == [(0, (0, 1), [0, 1, 2]), (1, (0,), [3]), (1, (2,), [4, 5])]
 
 
@@ -99,13 +100,13 @@ def _merged_equal_per_batch(spark, lake, q, two_class: bool, tmp_path, monkeypat
     lake, info = lake
     plan = make_plan(q, orders_from_permutation(q, ["wr", "cu", "sr", "cr"]), "fixedOrder") if two_class else None
     calls = []
-    real = batch_mod.process_bucket
+    real = pipelined.process_bucket
 
     def counting(ctx, cls, bucket, rows, load):
         calls.append(bucket)
         return real(ctx, cls, bucket, rows, load)
 
-    monkeypatch.setattr(batch_mod, "process_bucket", counting)
+    monkeypatch.setattr(pipelined, "process_bucket", counting)
     start, end = info["start"] + 120, info["end"] + 1
     runs = {"per-batch": run_interval(spark, q, plan, lake, start, end, 60, str(tmp_path / "per-batch"),
                                       config=EngineConfig(buckets=4), pipelined=False)}

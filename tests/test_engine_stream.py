@@ -18,7 +18,8 @@ from mjoin.engine.config import EngineConfig
 from mjoin.engine.results import committed_batches, read_results
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.runs import run_stream
-from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from mjoin.engine.batch import BatchInput, BatchRunner
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.control import JobControl
 from mjoin.engine.inputs import compile_plan
 from mjoin.engine.state import StateStore

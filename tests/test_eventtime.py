@@ -16,7 +16,7 @@ import pytest
 
 from mjoin.model import eventtime
 from mjoin.engine import normalize
-from mjoin.engine.batch import apply_engine_conf, restore_conf
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import EngineQuery, key_name
 from mjoin.lake.layout import Lake
 from mjoin.model.query import parse_query

@@ -11,7 +11,8 @@ from engine_helpers import T0, no_leaked_queries
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.runs import run_interval, run_stream
-from mjoin.engine.batch import BatchRunner, apply_engine_conf, restore_conf
+from mjoin.engine.batch import BatchRunner
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import key_name
 from mjoin.engine.inputs import compile_plan
 from mjoin.engine.interval import _cycles, prepare_interval, run_interval_plans, warm_up

@@ -238,7 +238,8 @@ def switching_run(spark, query, lake, start: int, end: int, tau: int, schedule: 
     """The engine running ``schedule`` (a plan key per batch) for real: one Spark job per batch with the loop's
     plan of that batch, as the streaming job runs batches after hot switches (``BatchRunner.run``)."""
     from mjoin.engine.config import EngineConfig
-    from mjoin.engine.batch import BatchRunner, apply_engine_conf, restore_conf
+    from mjoin.engine.batch import BatchRunner
+    from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
     from mjoin.engine.inputs import as_lake, compile_plan
     from mjoin.engine.interval import _cycles, clear_outputs, prepare_interval, warm_up
     from mjoin.engine.results import result_fingerprint

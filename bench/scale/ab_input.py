@@ -38,7 +38,8 @@ def driver_rounds(spark, B, landed, span, out, rounds: int, density: str) -> Non
     from py4j.clientserver import ClientServerConnection
 
     from mjoin.engine import interval as I
-    from mjoin.engine.batch import BatchRunner, apply_engine_conf
+    from mjoin.engine.batch import BatchRunner
+    from mjoin.engine.sparkplan import apply_engine_conf
     from mjoin.engine.compiled import EngineQuery
     from mjoin.engine.config import EngineConfig
     from mjoin.engine.inputs import as_lake, as_query

@@ -1,4 +1,4 @@
-"""Benchmark: the driver-local input path (``normalize.normalize_local`` + ``batch.route_local``, what a small
+"""Benchmark: the driver-local input path (``normalize.normalize_local`` + ``routing.route_local``, what a small
 streaming micro-batch runs instead of a Spark job) on two code trees side by side, in alternating processes
 (A B B A ...) on the same landed files.
 
@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 def worker(root: str, landed: str, nfiles: int, reps: int) -> None:
     sys.path.insert(0, str(Path(root) / "include"))
     from mjoin.engine import frame as F
-    from mjoin.engine.batch import route_local
+    from mjoin.engine.routing import route_local
     from mjoin.engine.compiled import EngineQuery
     from mjoin.engine.inputs import as_lake, as_query
     from mjoin.engine.normalize import inspect_files, normalize_local

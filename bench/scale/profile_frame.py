@@ -51,7 +51,8 @@ def _count_task(batches):
 def run_shuffle(spark, landed: Path, out: Path, span, wide: bool) -> dict:
     """The interval's routed rows through the one exchange into a counting ``mapInArrow`` (no operator)."""
     from mjoin.engine import interval as I
-    from mjoin.engine.batch import BatchRunner, apply_engine_conf, restore_conf
+    from mjoin.engine.batch import BatchRunner
+    from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
     from mjoin.engine.compiled import EngineQuery
     from mjoin.engine.config import EngineConfig
     from mjoin.engine.inputs import as_lake, as_query

@@ -15,27 +15,13 @@ Commit (exactly-once): results go to ``results/<query>/batch=<B>/`` (cleared fir
 deterministic file names: one file per task and stage), state to version B; then the
 driver writes the state manifest (the commit point), the results' ``_SUCCESS`` and the
 metrics record.
-
-Pipelined interval runs (:meth:`BatchRunner.run_pipelined`): interval evaluation has the
-whole interval routed to key buckets up front, so one Spark job per *stage* runs every
-batch of the interval: each task takes its buckets' rows sorted by batch and runs
-:func:`~mjoin.engine.operator.process_bucket` batch after batch, the state staying in
-the task's memory. Same operator, same results and per-batch metrics, but no per-batch
-Spark job (in the trial and in the first benchmark, the per-batch job overhead was most
-of the batch time and hid the order). Only the final state is made durable (an interval
-run is a pure function of the lake: it is re-run, never resumed). Its outputs are written per
-run, not per batch: each task's results of all its batches in few files of one range folder
-``results/<query>/batches=<first>-<last>/`` (a ``_batch`` column) under one ``_SUCCESS``, its
-rejected rows likewise per stream, the metrics records as one ``metrics.jsonl``
-(:mod:`mjoin.engine.results` and :mod:`mjoin.lake.quarantine` read both layouts).
+Every batch of an interval in one job per stage: :mod:`mjoin.engine.pipelined`.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -44,136 +30,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mjoin.lake import fsutil
-from mjoin.runtime.pools import shared_pool
-from mjoin.model.timeutil import iso
 from mjoin.engine.compiled import CompiledPlan, EngineQuery, key_name
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, arrow_result_schema, frame_ddl, input_ddl,
-                    spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
-from mjoin.engine.metrics import shuffle_bytes, stage_times, write_jsonl, write_record
-from mjoin.engine.normalize import REASONS, write_file_rejects
-from mjoin.engine.operator import KIND_DELTA, KIND_PROBE, KIND_REJECT, PROMISES, BucketContext, process_bucket
-from mjoin.engine.results import RowFiles, clear_batches, range_name, with_batch_column, write_parquet
+                                spark_frame_schema, spark_input_schema, spark_slot_exprs, to_layout)
+from mjoin.engine.metrics import shuffle_bytes, write_record
+from mjoin.engine.normalize import REASONS, add_counts, write_file_rejects
+from mjoin.engine.operator import KIND_PROBE, KIND_REJECT, BucketContext, process_bucket
+from mjoin.engine.results import write_parquet
+from mjoin.engine.routing import buckets_of, route_local
+from mjoin.engine.sparkplan import conf_in_effect, strategies
 from mjoin.engine.state import StateStore, StateWriter, file_key, load_state
+from mjoin.engine.tasks import (driver_stage, fault_pause_in_task, partition_id, read_parts, spark_stage, split_rejects,
+                                write_rejects)
+from mjoin.lake import fsutil
+from mjoin.model.timeutil import iso
 
 log = logging.getLogger(__name__)
-
-#: session settings every engine job runs with: a fixed physical plan per batch (no AQE
-#: re-planning, which in the trial decided which state escaped a shuffle and inverted the
-#: optimizer's ranking), no join reordering, and nanosecond Parquet timestamps readable.
-ENGINE_CONF = {
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.cbo.enabled": "false",
-    "spark.sql.cbo.joinReorder.enabled": "false",
-    "spark.sql.legacy.parquet.nanosAsLong": "true",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # the engine reads lists of files it has listed and judged itself: above this many paths Spark lists
-    # them again in a distributed job per read (one per stream and schema: 4 jobs, 4.5 s of a 6.6 s read
-    # of 720 files at sf 0.1); the driver's file status calls cost a few ms
-    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
-}
-
-
-def apply_engine_conf(spark) -> dict:
-    """Set :data:`ENGINE_CONF` on the session; returns the previous values (for :func:`restore_conf`)."""
-    before = {}
-    for k, v in ENGINE_CONF.items():
-        before[k] = spark.conf.get(k, None)
-        spark.conf.set(k, v)
-    return before
-
-
-def restore_conf(spark, before: dict) -> None:
-    for k, v in before.items():
-        if v is None:
-            spark.conf.unset(k)
-        else:
-            spark.conf.set(k, v)
-
-
-def conf_in_effect(spark) -> dict:
-    """The settings that decide the physical plan, as the session has them now (recorded per batch)."""
-    out = {k: spark.conf.get(k, None) for k in ENGINE_CONF}
-    out["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions", None)
-    out["spark.python.worker.reuse"] = spark.sparkContext.getConf().get("spark.python.worker.reuse", "true")
-    return out
-
-
-_NODE = re.compile(r"^[\s:|+\-]*(?:\*\(\d+\)\s*)?([A-Za-z]\w*)")
-_EXCHANGE = re.compile(r"Exchange (\w+\([^)]*\))")
-
-
-def physical_info(df) -> dict:
-    """What Spark will execute for ``df``, read from its executed physical plan (the same plan
-    ``collect`` then runs): operator names, join nodes (none: the probes run in the Python
-    tasks), exchanges with their partitioning, and whether adaptive execution wraps it."""
-    try:
-        text = df._jdf.queryExecution().executedPlan().toString()
-    except Exception as exc:  # informative only; never fails a batch
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    nodes = [m.group(1) for line in text.splitlines() if (m := _NODE.match(line))]
-    return {"nodes": nodes, "joins": [n for n in nodes if "Join" in n],
-            "exchanges": [re.sub(r"#\d+", "", e) for e in _EXCHANGE.findall(text)],
-            "python_operator": next((n for n in nodes if "Arrow" in n or "Python" in n or "Pandas" in n), None),
-            "adaptive": "AdaptiveSparkPlan" in text}
-
-
-def _buckets_of(t: pa.Table):
-    """``(class index, bucket, rows)`` for each (class, bucket) of a stage's rows."""
-    c_arr = np.asarray(t.column("_c").to_numpy(), dtype=np.int64)
-    b_arr = np.asarray(t.column("_b").to_numpy(), dtype=np.int64)
-    cb = c_arr * (int(b_arr.max()) + 1) + b_arr if len(b_arr) else b_arr
-    if (np.diff(cb) < 0).any():  # not already sorted by (class, bucket)
-        order = np.argsort(cb, kind="stable")
-        c_arr, b_arr = c_arr[order], b_arr[order]
-        t = t.take(order)
-    cuts = np.flatnonzero((np.diff(c_arr) != 0) | (np.diff(b_arr) != 0)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(c_arr)]))
-    for s, e in zip(starts, ends):
-        yield int(c_arr[s]), int(b_arr[s]), t.slice(int(s), int(e - s))
-
-
-def _task_groups(t: pa.Table, merged: frozenset):
-    """``(class index, buckets, rows)`` of a stage's rows: the buckets of a class in ``merged`` together (one
-    operator call for all of the task's buckets of that class), every other (class, bucket) alone."""
-    run = None  # (ci, [buckets], [slices]) of a merged class being collected
-    for ci, bucket, rows in _buckets_of(t):
-        if ci not in merged:
-            if run is not None:
-                yield run[0], tuple(run[1]), pa.concat_tables(run[2])
-                run = None
-            yield ci, (bucket,), rows
-            continue
-        if run is not None and run[0] != ci:
-            yield run[0], tuple(run[1]), pa.concat_tables(run[2])
-            run = None
-        if run is None:
-            run = (ci, [], [])
-        run[1].append(bucket)
-        run[2].append(rows)
-    if run is not None:
-        yield run[0], tuple(run[1]), pa.concat_tables(run[2])
-
-
-#: a pipelined run on the driver uses more than one thread only when its batches average this many stage-1 rows
-#: (sf 1 seed query, 604 k rows: one thread ran the operator in 4.4-5.0 s against 5.8-6.2 s on two at 360
-#: batches of 10 s, 0.7-0.9 s against 1.3-1.4 s at 60 batches of 60 s, ~10 k rows a batch)
-PIPELINED_ROWS_PER_THREAD = 50_000
-
-#: the "partition" a thread of a batch run on the driver plays (``_run_task``); None: not such a thread
-_DRIVER_TASK = threading.local()
-
-
-def _partition_id() -> int:
-    part = getattr(_DRIVER_TASK, "part", None)
-    if part is not None:
-        return part
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    return tc.partitionId() if tc is not None else 0
 
 
 @dataclass
@@ -208,7 +81,6 @@ class BatchInput:
     def add_late_rejects(self) -> bool:
         """Fold the files the tasks found unreadable (:attr:`late_rejects`) into the file-level counts and
         ``quarantined_files``; whether there were any."""
-        from mjoin.engine.normalize import add_counts
 
         new = self.late_rejects() if self.late_rejects is not None else []
         for rej in new:
@@ -218,7 +90,6 @@ class BatchInput:
 
     def add_reports(self, docs) -> "BatchInput":
         """Fold the tasks' counts (stage-1 ``rows_in``/``max_ts``, ``rejects``) into this input."""
-        from mjoin.engine.normalize import add_counts
 
         for d in docs:
             if "rejects" in d:
@@ -233,163 +104,6 @@ class BatchInput:
         return self
 
 
-def _split_rejects(t: pa.Table) -> tuple[pa.Table, pa.Table | None]:
-    """A task's rows without the rejected ones, and the rejected ones (None if there are none)."""
-    kind = np.asarray(t.column("_kind").to_numpy(zero_copy_only=False), dtype=np.int8)
-    bad = kind == KIND_REJECT
-    if not bad.any():
-        return t, None
-    return t.filter(pa.array(~bad)), t.filter(pa.array(bad))
-
-
-def _rejects_by_stream(rej: pa.Table, streams: tuple):
-    """``(stream, rows, reason -> count)`` per stream of a task's rejected rows; ``rows``: the quarantine's
-    columns (reason, file, row = the row as JSON)."""
-    s_idx = np.asarray(rej.column("_s").to_numpy(zero_copy_only=False), dtype=np.int64)
-    uniq = np.unique(s_idx)
-    for si in uniq:
-        part = rej if len(uniq) == 1 else rej.filter(pa.array(s_idx == si))
-        counts = pc.value_counts(part.column("_reason"))
-        yield (streams[int(si)],
-               pa.table({"reason": part.column("_reason"), "file": part.column("_file"), "row": part.column("_raw")}),
-               {str(r): int(c) for r, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())})
-
-
-def _write_rejects(rej: pa.Table, quarantine_root: str, streams: tuple, batch: int, tag: str) -> dict:
-    """Rejected rows of one batch to ``<quarantine>/<stream>/rows/batch=<B>/part-<tag>.parquet`` (reason, file,
-    row); returns stream -> reason -> rows."""
-    counts: dict = {}
-    for stream, rows, c in _rejects_by_stream(rej, streams):
-        write_parquet(fsutil.join(quarantine_root, stream, "rows", f"batch={batch}", f"part-{tag}.parquet"), rows)
-        counts[stream] = c
-    return counts
-
-
-def slice_of(ts: np.ndarray, key: np.ndarray, slices: int) -> np.ndarray:
-    """A band-class tuple's own time slice on the driver: a hash of its event time and band value, so the
-    slices hold equal counts whatever the rates (where a tuple is kept does not have to agree with the
-    executors' hash: it is probed in every slice, and purged by its own event time)."""
-    h = (ts.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (key.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
-    return ((h >> np.uint64(33)) % np.uint64(slices)).astype(np.int64)
-
-
-def route_local(table: pa.Table | None, eq, buckets: int, schema: pa.Schema, slices: int = 4,
-                batches: list | None = None) -> pa.Table:
-    """:meth:`BatchRunner.route_frame` plus the ticks on the driver (numpy): an accepted row once per
-    attribute class of its stream with its key's bucket (in a band class: in every time slice, kept in its
-    own), a rejected row once (``_kind`` 3), one tick row per (class, bucket). ``table``: rows in the input
-    layout (:func:`mjoin.engine.normalize.normalize_local`); ``schema``: the Arrow input schema.
-    ``batches``: an interval's batch ids (:meth:`BatchRunner.ticks`): ``table`` has a column ``_batch``
-    (int32, kept), and the ticks are one row per (class, bucket) per batch."""
-    parts = []
-    if table is not None and table.num_rows:
-        ok = np.asarray(table.column("_reason").is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        for ci, c in enumerate(eq.classes):
-            k = table.column(key_name(c))
-            sel = np.flatnonzero(ok & np.asarray(k.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
-            if not len(sel):
-                continue
-            part = table.take(pa.array(sel))
-            n = len(sel)
-            if eq.is_band(c):
-                home = slice_of(np.asarray(part.column("_ts").to_numpy(), dtype=np.int64),
-                                np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64), slices)
-                part = part.take(pa.array(np.repeat(np.arange(n), slices)))
-                b = np.tile(np.arange(slices), n)
-                kind = np.where(b == np.repeat(home, slices), KIND_DELTA, KIND_PROBE).astype(np.int8)
-                part = part.set_column(schema.get_field_index("_kind"), "_kind", pa.array(kind))
-                n *= slices
-            else:
-                b = np.mod(np.asarray(part.column(key_name(c)).to_numpy(), dtype=np.int64), buckets)
-            part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.full(n, ci, np.int32)))
-            parts.append(part.set_column(schema.get_field_index("_b"), "_b", pa.array(b.astype(np.int32))))
-        bad = np.flatnonzero(~ok)
-        if len(bad):
-            part = table.take(pa.array(bad))
-            s_idx = np.asarray(part.column("_s").to_numpy(), dtype=np.int64)
-            part = part.set_column(schema.get_field_index("_kind"), "_kind",
-                                   pa.array(np.full(len(bad), KIND_REJECT, np.int8)))
-            part = part.set_column(schema.get_field_index("_c"), "_c", pa.array(np.zeros(len(bad), np.int32)))
-            part = part.set_column(schema.get_field_index("_b"), "_b", pa.array(np.mod(s_idx, buckets).astype(np.int32)))
-            parts.append(part)
-    pairs = np.array([(ci, b) for ci, c in enumerate(eq.classes) for b in range(slices if eq.is_band(c) else buckets)],
-                     dtype=np.int32).reshape(-1, 2)
-    if batches is not None:
-        bids = np.repeat(np.asarray(batches, dtype=np.int32), len(pairs))
-        pairs = np.tile(pairs, (len(batches), 1))
-    n = len(pairs)
-    tick = {"_kind": pa.array(np.zeros(n, np.int8)), "_c": pa.array(pairs[:, 0]), "_b": pa.array(pairs[:, 1])}
-    ticks = pa.table([tick[f.name] if f.name in tick else pa.nulls(n, f.type) for f in schema], schema=schema)
-    if batches is not None:
-        ticks = ticks.append_column(pa.field("_batch", pa.int32()), pa.array(bids))
-    return pa.concat_tables(parts + [ticks])
-
-
-def _run_task(fn, table: pa.Table, threads: int = 1) -> list[dict]:
-    """Run a stage's task function on the driver over ``table``: its (class, bucket) groups split over
-    ``threads`` "partitions" by bucket, each run on a thread of its own as Spark runs its tasks (the
-    operator's work is mostly Arrow and numpy, which release the GIL, and file writes)."""
-    if threads <= 1 or table.num_rows == 0:
-        return _run_partition(fn, table, 0)
-    part = np.mod(np.asarray(table.column("_b").fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), threads)
-    parts = [table.filter(pa.array(part == i)) for i in range(threads)]
-    docs = list(shared_pool("driver-task", threads).map(lambda i: _run_partition(fn, parts[i], i), range(threads)))
-    return [d for part_docs in docs for d in part_docs]
-
-
-def _spark_stage(fn, df) -> tuple[list[dict], dict]:
-    """A stage as one Spark job: the task function ``fn`` mapped over ``df``'s partitions; (its documents,
-    the physical plan)."""
-    mapped = df.mapInArrow(fn, "doc string")
-    plan = physical_info(mapped)
-    return [json.loads(r.doc) for r in mapped.collect()], plan
-
-
-def _driver_stage(threads: int):
-    """``run_stage(fn, table)`` of a stage on the driver (:func:`_run_task`), the counterpart of :func:`_spark_stage`."""
-    def run_stage(fn, table: pa.Table) -> tuple[list[dict], dict]:
-        return _run_task(fn, table, threads), {"where": "driver", "threads": threads}
-
-    return run_stage
-
-
-def _read_parts(folder: str) -> list[pa.Table]:
-    """Every Parquet file in ``folder`` (a stage's partial results), in name order."""
-    import pyarrow.parquet as pq
-
-    parts = []
-    for name in fsutil.listdir(folder):
-        fs, p = fsutil.resolve(fsutil.join(folder, name))
-        with fs.open_input_file(p) as fh:
-            parts.append(pq.read_table(fh))
-    return parts
-
-
-def _run_partition(fn, table: pa.Table, part: int) -> list[dict]:
-    _DRIVER_TASK.part = part
-    try:
-        return [json.loads(d) for rb in fn(iter(table.to_batches())) for d in rb.column(0).to_pylist()]
-    finally:
-        _DRIVER_TASK.part = None
-
-
-def _fault_pause_in_task(marker: str, batch_id: int, seconds: float) -> None:
-    """Fault injection (``pause_in_task``): the first attempt of partition 0's task records where it runs and
-    sleeps, so a test can kill that worker mid-batch; a retry (the marker exists) does not pause."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    # once per batch: a retried attempt, or the task of a retried stage, finds the marker and goes on
-    if _partition_id() != 0 or (tc is not None and tc.attemptNumber()) or fsutil.exists(marker):
-        return
-    import socket
-
-    fsutil.atomic_write_text(marker, json.dumps({"batch_id": batch_id, "pid": os.getpid(), "pgid": os.getpgid(0),
-                                                 "host": socket.gethostname()}))
-    log.error("fault injection: task of batch %d pausing %ss in process %d", batch_id, seconds, os.getpid())
-    time.sleep(seconds)
-
-
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
                 cache_bytes: int, classes: tuple, quarantine_root: str, pause: tuple | None = None):
     """The mapInArrow function of one stage of one batch (runs in Python workers). ``pause``: (marker path,
@@ -397,21 +111,21 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
 
     def run(batches):
         if pause:
-            _fault_pause_in_task(pause[0], ctx.batch_id, pause[1])
+            fault_pause_in_task(pause[0], ctx.batch_id, pause[1])
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if not tables:
             return
         t = pa.concat_tables(tables).combine_chunks()
-        part = _partition_id()
-        t, rejected = _split_rejects(t)
+        part = partition_id()
+        t, rejected = split_rejects(t)
         if rejected is not None:
-            counts = _write_rejects(rejected, quarantine_root, ctx.eq.streams, ctx.batch_id, f"p{part:05d}")
+            counts = write_rejects(rejected, quarantine_root, ctx.eq.streams, ctx.batch_id, f"p{part:05d}")
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": ctx.batch_id})]})
         if not t.num_rows:
             return
         results, partials, docs = [], [], []
         writer = StateWriter(state_root, ctx.batch_id, f"s{ctx.stage}-p{part:05d}", cache_bytes)
-        for ci, bucket, rows in _buckets_of(t):
+        for ci, bucket, rows in buckets_of(t):
             cls = classes[ci]
             sources = {}
 
@@ -446,151 +160,6 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
         for d in docs:
             d["pid"] = pid
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
-
-    return run
-
-
-def _pipelined_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
-                    cache_bytes: int, classes: tuple, purge_bounds: dict, final_version: int | None,
-                    quarantine_root: str, rows_folder: str, warmup: int | None = None,
-                    merged: frozenset = frozenset()):
-    """The mapInArrow function of one stage of a pipelined interval run: the task's rows of every
-    batch arrive sorted by ``_batch``; each complete batch is run bucket by bucket against the
-    state the task keeps in memory (loaded once from the committed state before the first batch).
-    The task's results of all its batches go to few files in ``results_dir`` (the run's range folder,
-    :class:`mjoin.engine.results.RowFiles`, column ``_batch``), its rejected rows likewise to
-    ``<quarantine>/<stream>/rows/<rows_folder>/`` (column ``batch``). Stage 1 finally makes the last
-    state durable (version ``final_version``).
-
-    ``merged``: classes whose buckets of this task run as one (one :func:`process_bucket` call per batch
-    for all of them, the state of all of them in one :class:`KeyedRows` per stream, split by bucket again
-    when it is made durable). A key lies in one bucket, so the lookups and results are the same; the
-    fixed cost of an operator call is paid once per class instead of once per bucket, which is most of
-    a small batch's time. Not for band classes (a tuple visits every time slice) nor with punctuations
-    (a promise's rows are per bucket): :meth:`BatchRunner.run_pipelined` decides."""
-    from mjoin.engine.operator import StateUpdate
-
-    def run(batches):
-        part = _partition_id()
-        pid = os.getpid()
-        tag = f"s{ctx.stage}-p{part:05d}"
-        state: dict = {}  # (class index, bucket or None = merged) -> {stream: KeyedRows}
-        thresholds: dict = {}  # (class index, bucket or None, stream) -> purge threshold of the last batch
-        loaded: dict = {}  # merged class index -> buckets whose committed state is in its merged state
-        partials: list = []
-        results_out = RowFiles(results_dir, tag)
-        rejects_out: dict = {}  # stream -> RowFiles of its rejected rows
-
-        def one_batch(b: int, t: pa.Table):
-            bctx = replace(ctx, batch_id=b, purge_bound=purge_bounds[b], emit=b != warmup)
-            t, rejected = _split_rejects(t)
-            if rejected is not None:
-                counts = {}
-                for stream, rows, c in _rejects_by_stream(rejected, ctx.eq.streams):
-                    if stream not in rejects_out:
-                        rejects_out[stream] = RowFiles(fsutil.join(quarantine_root, stream, "rows", rows_folder),
-                                                       f"p{part:05d}")
-                    rejects_out[stream].add(with_batch_column(rows, b, "batch"))
-                    counts[stream] = c
-                yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": b})]})
-            if not t.num_rows:
-                return
-            results, docs = [], []
-            for ci, bks, rows in _task_groups(t, merged):
-                cls = classes[ci]
-                skey = (ci, None) if ci in merged else (ci, bks[0])
-                cur = state.get(skey)
-                if ci in merged:  # the buckets whose committed state is not in the class's merged state yet
-                    fresh = [bk for bk in bks if bk not in loaded.setdefault(ci, set())]
-                else:
-                    fresh = [] if cur is not None else list(bks)
-                sources: dict = {}
-
-                def load(attr_class, stream, _bk, cur=cur, fresh=fresh, sources=sources):
-                    got = cur.get(stream) if cur is not None else None
-                    sources[stream] = "memory"
-                    for bk in fresh:  # buckets seen for the first time: their committed state
-                        piece, sources[stream] = load_state(state_root, prev_files.get(file_key(attr_class, stream, bk)),
-                                                            key_name(attr_class), cache_bytes)
-                        if piece is not None:
-                            got = piece if got is None else got.concat(piece)
-                    return got
-
-                out = process_bucket(bctx, cls, bks[0] if len(bks) == 1 else -1, rows, load)
-                if ci in merged:
-                    loaded[ci].update(bks)
-                    out.doc["buckets"] = list(bks)
-                state[skey] = {s: u.rows for s, u in out.new_state.items()}
-                for s, u in out.new_state.items():
-                    thresholds[(*skey, s)] = u.threshold
-                results += out.results
-                if out.partials:
-                    p = pa.concat_tables(out.partials)
-                    partials.append(p.append_column("_batch", pa.array(np.full(p.num_rows, b, dtype=np.int32))))
-                out.doc["batch_id"] = b
-                out.doc["state_sources"] = sources
-                out.doc["state"] = [{"stream": s, "tuples": len(u.rows), "keys": u.rows.nkeys}
-                                    for s, u in out.new_state.items()] if ctx.stage == 1 else []
-                out.doc["write_seconds"] = 0.0
-                out.doc["pid"] = pid
-                docs.append(out.doc)
-            if results and docs:  # buffered; written when the task's buffer is full (then timed here) or at its end
-                docs[-1]["write_seconds"] = results_out.add(with_batch_column(pa.concat_tables(results), b))
-            for d in docs:
-                yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
-
-        def complete(tables):
-            t = pa.concat_tables(tables).combine_chunks()
-            bcol = np.asarray(t.column("_batch").to_numpy(), dtype=np.int64)
-            cuts = np.flatnonzero(np.diff(bcol)) + 1
-            for s, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(bcol)]))):
-                yield from one_batch(int(bcol[s]), t.slice(int(s), int(e - s)).drop_columns(["_batch"]))
-
-        pending, pending_batch = [], None
-        for rb in batches:
-            if not rb.num_rows:
-                continue
-            bcol = np.asarray(rb.column(rb.schema.get_field_index("_batch")).to_numpy(), dtype=np.int64)
-            if (pending_batch is not None and bcol[0] < pending_batch) or (np.diff(bcol) < 0).any():
-                raise RuntimeError("pipelined stage input is not sorted by _batch within the partition")
-            t = pa.Table.from_batches([rb])
-            if pending_batch is not None and bcol[-1] == pending_batch:
-                pending.append(t)
-                continue
-            # rows of batches before the last one seen here are complete
-            last = int(bcol[-1])
-            cut = int(np.searchsorted(bcol, last, side="left"))
-            done = pending + ([t.slice(0, cut)] if cut else [])
-            if done:
-                yield from complete(done)
-            pending, pending_batch = [t.slice(cut)], last
-        if pending:
-            yield from complete(pending)
-        t0 = time.perf_counter()
-        results_out.close()
-        for out in rejects_out.values():
-            out.close()
-        yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"files_seconds": time.perf_counter() - t0, "pid": pid})]})
-        if partials:
-            write_parquet(fsutil.join(partials_dir, f"stage={ctx.stage}", f"part-{tag}.parquet"), pa.concat_tables(partials))
-        if final_version is not None and state:
-            t0 = time.perf_counter()
-            final = []
-            writer = StateWriter(state_root, final_version, f"{tag}-final", cache_bytes)
-            for (ci, bucket), streams in state.items():
-                for stream, rows in streams.items():
-                    thr = thresholds.get((ci, bucket, stream))
-                    if bucket is None:  # a merged class: its state split by bucket again (key mod buckets)
-                        of = np.mod(rows.key, ctx.buckets)
-                        pieces = [(bk, rows.subset(np.flatnonzero(of == bk))) for bk in sorted(loaded[ci])]
-                    else:
-                        pieces = [(bucket, rows)]
-                    for bk, piece in pieces:
-                        entry = writer.persist(None, StateUpdate(piece, piece, thr, True))
-                        final.append({"class": classes[ci], "stream": stream, "bucket": bk, "entry": entry})
-            writer.flush()
-            yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"final_state": final, "pid": pid,
-                                                                  "write_seconds": time.perf_counter() - t0})]})
 
     return run
 
@@ -794,7 +363,7 @@ class BatchRunner:
         manifest.update(more_manifest)
         if "event_time" in manifest:
             manifest["watermark"] = manifest["event_time"].get("watermark")
-        record = self._record(batch_id, binput, plan, docs, started, {**(extra or {}), **more_record})
+        record = self.record(batch_id, binput, plan, docs, started, {**(extra or {}), **more_record})
         manifest["tuples"] = record["state_tuples"]
         manifest["keys"] = record["state_keys"]
         self.store.commit(manifest)
@@ -808,7 +377,7 @@ class BatchRunner:
         record["stages"] = stage
         record["spark_conf"] = conf
         record["spark_plan"] = physical
-        record["spark_strategies"] = _strategies(physical)
+        record["spark_strategies"] = strategies(physical)
         record["execution"] = {"mode": "per-batch", "jobs": stage if where == "executors" else 0, "where": where}
         # a batch on the driver ran no Spark job: nothing to ask Spark's status store
         record["shuffle_bytes"] = shuffle_bytes(spark, group) if where == "executors" else \
@@ -834,7 +403,7 @@ class BatchRunner:
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
                              eq.classes, self.quarantine_root, (marker, pause) if pause else None)
             stage_docs, physical[f"stage{stage}"] = run_stage(fn, stage_input)
-            self._late_rejects({ctx.batch_id: binput})
+            self.late_rejects({ctx.batch_id: binput})
             binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
             stage_docs = [d for d in stage_docs if "rejects" not in d]
             docs += stage_docs
@@ -846,7 +415,7 @@ class BatchRunner:
                 raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
             stage_input = next_input(fsutil.join(tmp, f"stage={stage - 1}"))
 
-    def _late_rejects(self, inputs: dict) -> None:
+    def late_rejects(self, inputs: dict) -> None:
         """After a stage's job: the files its input tasks found unreadable (:meth:`BatchInput.add_late_rejects`)
         counted in their batch's input, and that batch's rejected files written again with them
         (``files-batch=<B>.json``, as :func:`mjoin.engine.normalize.write_quarantine` wrote them before)."""
@@ -875,7 +444,7 @@ class BatchRunner:
             return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder)
                                     .unionByName(self.conform(routed, full=True)))
 
-        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, _spark_stage, next_input)
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, spark_stage, next_input)
 
     def _with_punctuations(self, df, binput: BatchInput, rejects: bool = True):
         if binput.punctuations is None or not binput.punctuations.num_rows:
@@ -887,7 +456,6 @@ class BatchRunner:
         """The batch's stages on the driver, with the same task function Spark would run (one "task"
         holding every bucket): no Spark job. For small batches of a small state, where Spark's fixed
         cost per job (~0.3-0.5 s here) is most of a micro-batch."""
-        import pyarrow.compute as pc
 
         first = route_local(binput.local, self.eq, self.config.buckets, self.arrow_input_schema, self.config.psp_slices)
         deltas = first.filter(pc.equal(first.column("_kind"), 1))
@@ -895,197 +463,15 @@ class BatchRunner:
             first = pa.concat_tables([first, to_layout(binput.punctuations, self.arrow_input_schema)])
 
         def next_input(folder):
-            parts = [t.cast(self.arrow_schema) for t in _read_parts(folder)]
+            parts = [t.cast(self.arrow_schema) for t in read_parts(folder)]
             return pa.concat_tables(parts + [to_layout(deltas, self.arrow_schema)])
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first,
-                            _driver_stage(self.config.threads_on_driver()), next_input)
+                            driver_stage(self.config.threads_on_driver()), next_input)
 
-    # ---- every batch of an interval: one Spark job per stage, or on the driver ------------------------
-    def run_pipelined(self, batches: list, routed, inputs: dict, plan: CompiledPlan, purge_bounds: dict,
-                      extras: dict | None = None, write_metrics: bool = False, warmup: int | None = None,
-                      punctuations: bool = True) -> list:
-        """Run ``batches`` (consecutive ids after the committed state) in one Spark job per stage, or on
-        the driver.
-
-        ``routed``: their stage-1 rows with column ``_batch``: a Spark DataFrame partitioned by ``(_c, _b)``
-        and sorted by ``_batch`` within partitions (what :func:`mjoin.engine.interval.prepare_interval`
-        caches), or an Arrow table sorted by ``_batch`` (:func:`mjoin.engine.interval.route_interval` on the
-        driver): then every stage runs on the driver with the same task function, no Spark job
-        (:meth:`_pipelined_local`, as :meth:`run` picks :meth:`_run_local`);
-        ``inputs``: batch -> :class:`BatchInput` (counts); ``purge_bounds``: batch -> purge bound.
-        Returns one metrics record per batch, as :meth:`run` would, except that the time is measured per
-        stage: each batch's ``wall_seconds`` (and stage times) is the run's wall time apportioned by the
-        batch's share of the task time (``execution`` holds the exact totals).
-        ``warmup``: a batch that only builds the state (emits nothing, not in the metrics; its record is
-        returned first). ``write_metrics``: also write the records (without the warm-up's) as the metrics
-        folder's ``metrics.jsonl``, one file (interval runs write it themselves).
-        ``punctuations``: whether the batches may hold punctuations (False: the caller knows they do not; then
-        each task runs all of its buckets of a class in one operator call, see :func:`_pipelined_task`).
-        Outputs: the results of all the batches in one range folder ``results/<query>/batches=<first>-<last>/``
-        with one ``_SUCCESS`` (:mod:`mjoin.engine.results`), the rejected rows in
-        ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.lake.quarantine`)."""
-        spark, eq, cfg = self.spark, self.eq, self.config
-        extras = extras or {}
-        batches = sorted(batches)
-        first, last = batches[0], batches[-1]
-        if batches != list(range(first, last + 1)):
-            raise ValueError(f"pipelined batches must be consecutive, got {batches}")
-        started = datetime.now(timezone.utc)
-        t_run = time.perf_counter()
-        local = isinstance(routed, pa.Table)
-        group = f"mjoin-{eq.name}-{self.mode}-{first}-{last}-{time.time_ns()}"
-        if not local:
-            spark.sparkContext.setJobGroup(group, f"mjoin {eq.name} batches {first}..{last}", interruptOnCancel=False)
-        latest = self.store.latest()
-        if latest is not None and latest["version"] >= first:
-            raise EngineError(f"the state of {eq.name} is at batch {latest['version']}, not before batch {first}")
-        prev = self.store.latest_before(first)
-        prev_files = dict(prev["files"]) if prev else {}
-        rng = range_name(first, last)
-        results_dir = fsutil.join(self.results_root, rng)
-        # an earlier attempt's output of these batches, in either layout (results.clear_batches): a re-run
-        # replaces it, never adds to it
-        clear_batches(self.results_root, batches)
-        for stream in eq.streams:
-            clear_batches(fsutil.join(self.quarantine_root, stream, "rows"), batches)
-        tmp = self.store.tmp_dir(last)
-        fsutil.remove(tmp)
-        cache_bytes = cfg.state_cache_mb * 1024 * 1024
-        ctx = BucketContext(eq=eq, plan=plan, frame_schema=self.arrow_schema, result_schema=self.result_schema,
-                            batch_id=first, stage=1, buckets=cfg.buckets, emit=True, purge_bound=None,
-                            prefilter_accounting=cfg.prefilter_accounting, track_state=True,
-                            punctuation=plan.punctuation, punctuation_threshold=plan.punctuation_threshold,
-                            psp_slices=cfg.psp_slices)
-        conf = self.conf()
-        promised = any(k.split("/")[1].endswith(PROMISES) for k in prev_files)
-        merged = frozenset() if punctuations or promised else \
-            frozenset(ci for ci, c in enumerate(eq.classes) if not eq.is_band(c))
-        run_stage, next_input = self._pipelined_local(routed, len(batches)) if local else self._pipelined_spark(routed)
-        docs, final, stage_seconds, physical, files_seconds = [], [], {}, {}, 0.0
-        stage_input, stage = routed, 1
-        while True:
-            t0 = time.perf_counter()
-            fn = _pipelined_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp,
-                                 cache_bytes, eq.classes, purge_bounds, last if stage == 1 else None,
-                                 self.quarantine_root, rng, warmup, merged)
-            got, physical[f"stage{stage}"] = run_stage(fn, stage_input)
-            self._late_rejects(inputs)
-            stage_docs = []
-            for d in got:
-                if "final_state" in d:
-                    final.append(d)
-                elif "files_seconds" in d:
-                    files_seconds += d["files_seconds"]
-                elif "rejects" in d or (stage == 1 and "rows_in" in d):
-                    inputs[d["batch_id"]].add_reports([d])
-                    if "rejects" not in d:
-                        stage_docs.append(d)
-                else:
-                    stage_docs.append(d)
-            docs += stage_docs
-            stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
-            if not sum(c["partials"] for d in stage_docs for c in d["chains"]):
-                break
-            stage += 1
-            if stage > len(eq.streams):
-                raise RuntimeError("partial results still pending after n stages: plan segments are inconsistent")
-            # the classes the partial results enter: their deltas replay the state batch by batch
-            targets = sorted({eq.class_index(seg.attr_class) for ch in plan.chains.values() for seg in ch.segments[1:]})
-            stage_input = next_input(fsutil.join(tmp, f"stage={stage - 1}"), targets)
-
-        t0 = time.perf_counter()
-        files = {}
-        for d in final:
-            for st in d["final_state"]:
-                if st["entry"]:
-                    files[file_key(st["class"], st["stream"], st["bucket"])] = st["entry"]
-        by_batch: dict = {b: [] for b in batches}
-        for d in docs:
-            by_batch[d["batch_id"]].append(d)
-        records = [self._record(b, inputs[b], plan, by_batch[b], started, extras.get(b, {})) for b in batches]
-        max_ts = max([v for v in [(prev or {}).get("max_ts")] + [inputs[b].max_ts for b in batches] if v is not None],
-                     default=None)
-        self.store.commit({"version": last, "batch_id": last, "query": eq.name, "query_fingerprint": eq.fingerprint,
-                           "buckets": cfg.buckets, "psp_slices": cfg.psp_slices, "max_ts": max_ts,
-                           "watermark": None if max_ts is None else max_ts - eq.lateness_us,
-                           "plan_version": plan.version, "plan_source": plan.source, "files": files,
-                           "mode": self.mode, "pipelined_from": first,
-                           "tuples": records[-1]["state_tuples"], "keys": records[-1]["state_keys"]})
-        # one commit marker for the range: its batches and their rows (results.batch_folders)
-        fsutil.atomic_write_text(fsutil.join(results_dir, "_SUCCESS"), json.dumps(
-            {"batches": [first, last], "rows": {str(b): rec["result_rows"] for b, rec in zip(batches, records)},
-             "columns": [f.name for f in self.result_schema], "plan_version": plan.version}))
-        self.store.gc(cfg.state_versions_kept)
-        fsutil.remove(tmp)
-        stage_seconds["commit"] = time.perf_counter() - t0
-        total = time.perf_counter() - t_run
-        # the driver ran no Spark job: nothing to ask Spark's status store
-        shuffle = {"read": 0, "written": 0, "stages": 0} if local else shuffle_bytes(spark, group)
-        work = {b: sum(d["seconds"] + d.get("write_seconds", 0.0) for d in by_batch[b]) for b in batches}
-        work_sum = sum(work.values())
-        execution = {"mode": "pipelined", "where": "driver" if local else "executors", "batches": [first, last],
-                     "jobs": 0 if local else stage, "stages": stage, "wall_seconds": total,
-                     "stage_seconds": stage_seconds, "shuffle_bytes": shuffle,
-                     "spark_stages": [] if local else stage_times(spark, group),
-                     "final_state_write_seconds": sum(d["write_seconds"] for d in final),
-                     "final_files_write_seconds": files_seconds,
-                     "apportioned_by": "task seconds per batch"}
-        if local:
-            execution["threads"] = physical["stage1"]["threads"]
-        for b, rec in zip(batches, records):
-            share = work[b] / work_sum if work_sum > 0 else 1.0 / len(batches)
-            rec["stage_seconds"] = {k: v * share for k, v in stage_seconds.items()}
-            rec["stages"] = stage
-            rec["spark_conf"] = conf
-            rec["spark_plan"] = physical
-            rec["spark_strategies"] = _strategies(physical)
-            rec["execution"] = execution
-            rec["shuffle_bytes"] = {k: (int(round(v * share)) if k != "stages" else v) for k, v in shuffle.items()}
-            rec["wall_seconds"] = total * share
-        if write_metrics:  # the run's records in one file, not one per batch (metrics.read_metrics reads either)
-            write_jsonl(self.metrics_dir, [rec for rec in records if rec["batch_id"] != warmup])
-        return records
-
-    def _pipelined_spark(self, routed):
-        """(run_stage, next_input) of a pipelined run's stages as Spark jobs: ``run_stage(fn, df)`` maps
-        the task function over the stage's partitions and collects its documents; ``next_input(folder,
-        targets)`` is the next stage's input: the partial results written there and the deltas (and
-        punctuations) of the classes they enter, replayed batch by batch, partitioned by (class, bucket)."""
-        from pyspark.sql.types import IntegerType, StructField, StructType
-
-        def next_input(folder, targets):
-            schema = StructType(list(self.frame_schema.fields) + [StructField("_batch", IntegerType(), True)])
-            part_df = self.spark.read.schema(schema).parquet(folder)
-            replay = self.conform(routed.where(f"_kind IN (1, 4) AND _c IN ({', '.join(map(str, targets))})"),
-                                  keep=("_batch",), full=True)
-            return self.partitioned(part_df.unionByName(replay)).sortWithinPartitions("_batch")
-
-        return _spark_stage, next_input
-
-    def _pipelined_local(self, routed: pa.Table, batches: int):
-        """:meth:`_pipelined_spark` on the driver (no Spark job): a stage's rows split by bucket over
-        ``driver_threads`` threads, each playing one Spark task (:func:`_run_task`; a thread's rows keep
-        the table's order by ``_batch``); the next stage's input read back with pyarrow. With
-        ``driver_threads`` 0, one thread unless the batches average :data:`PIPELINED_ROWS_PER_THREAD` rows
-        or more (then the driver's cores): a small batch's operator time is Python calls that hold the GIL,
-        so a second thread only adds contention."""
-        import pyarrow.compute as pc
-
-        def next_input(folder, targets):
-            parts = [to_layout(t, self.arrow_schema, extra=("_batch",)) for t in _read_parts(folder)]
-            replay = routed.filter(pc.and_(pc.is_in(routed.column("_kind"), pa.array([1, 4], pa.int8())),
-                                           pc.is_in(routed.column("_c"), pa.array(targets, pa.int32()))))
-            parts.append(to_layout(replay, self.arrow_schema, extra=("_batch",)))
-            t = pa.concat_tables([x.cast(parts[-1].schema) for x in parts])
-            return t.take(pc.sort_indices(t, sort_keys=[("_batch", "ascending")]))  # stable
-
-        threads = self.config.driver_threads or (
-            self.config.threads_on_driver() if routed.num_rows >= PIPELINED_ROWS_PER_THREAD * max(1, batches) else 1)
-        return _driver_stage(threads), next_input
 
     # ---- metrics --------------------------------------------------------------------------------
-    def _record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
+    def record(self, batch_id, binput: BatchInput, plan: CompiledPlan, docs, started, extra) -> dict:
         eq = self.eq
         views = {}  # (class, stream) -> old/full keys summed over buckets
         state_tuples, state_keys = {}, {}
@@ -1177,17 +563,6 @@ class BatchRunner:
 
 
 _STEP_ZERO = {"lookups": 0, "found": 0, "hits": 0, "matches": 0, "seconds": 0.0, "cpu_seconds": 0.0, "calls": 0}
-
-
-def _strategies(physical: dict) -> dict:
-    """What Spark chose, from the physical plans of a batch's stages: join nodes (expected none: the
-    probe orders run as index nested loops in the tasks, so Spark has no join to reorder), the
-    exchanges (partitioning) and the Python operator per stage, and whether AQE re-plans."""
-    return {"joins": sorted({j for p in physical.values() for j in p.get("joins", [])}),
-            "exchanges": {k: p.get("exchanges") for k, p in physical.items()},
-            "python_operator": {k: p.get("python_operator") for k, p in physical.items()},
-            "adaptive": any(p.get("adaptive") for p in physical.values()),
-            "probe": "index-nested-loop (sorted arrays, numpy) in the operator, in the plan's order"}
 
 
 def _count_sources(docs) -> dict:

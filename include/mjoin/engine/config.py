@@ -82,7 +82,7 @@ class EngineConfig:
     interval_driver_rows: int = 1_000_000
     #: threads of a batch run on the driver: its (class, bucket) groups split over this many, as Spark
     #: would split them over tasks (0: the driver's cores, at most 4; a pipelined interval on the driver:
-    #: one, unless its batches average ``batch.PIPELINED_ROWS_PER_THREAD`` rows)
+    #: one, unless its batches average ``pipelined.PIPELINED_ROWS_PER_THREAD`` rows)
     driver_threads: int = 0
     #: testing only (fault injection, see :data:`FAULTS`): "crash_before_commit:<batch>",
     #: "pause_before_commit:<batch>:<seconds>" or "pause_after_commit:<batch>:<seconds>"

@@ -6,7 +6,7 @@ emits nothing), then every cycle ``[t, t + cycle)`` of event time is one batch r
 by the same per-bucket operator as streaming. So the results are exactly the join
 results whose newest member has ``ts`` in ``[start, end)``, whatever the plan.
 
-By default the cycles run *pipelined* (:meth:`~mjoin.engine.batch.BatchRunner.run_pipelined`):
+By default the cycles run *pipelined* (:func:`~mjoin.engine.pipelined.run_pipelined`):
 one Spark job per stage for the whole interval, each task running its buckets batch
 after batch with the state in memory, so that the measured time is the operator's
 work and not Spark's per-job overhead (which hid the order in the first benchmark).
@@ -29,12 +29,15 @@ import pyarrow as pa
 from mjoin.lake import fsutil
 from mjoin.lake.contract import Seen
 from mjoin.model.timeutil import iso, to_micros
-from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf, route_local
+from mjoin.engine.batch import BatchInput, BatchRunner
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
+from mjoin.engine.routing import route_local
 from mjoin.engine.compiled import MICROS
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.inputs import as_lake, as_query, compile_plan
 from mjoin.engine.metrics import shuffle_bytes, write_jsonl
 from mjoin.engine.frame import arrow_input_schema, to_layout
+from mjoin.engine.pipelined import run_pipelined
 from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
                         punctuation_rows, write_quarantine)
 
@@ -402,7 +405,7 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     Small intervals on the driver: when the accepted files hold at most ``config.driver_rows`` and
     ``config.interval_driver_rows`` rows (by their footers, before reading; both > 0) and the driver
     reads their streams as Spark would (:func:`local_supported`), the same rows are read, batched and
-    routed on the driver (pyarrow, numpy) and :meth:`BatchRunner.run_pipelined` runs the same task
+    routed on the driver (pyarrow, numpy) and :func:`mjoin.engine.pipelined.run_pipelined` runs the same task
     function on threads: no Spark job (``extra.execution = "fused-driver"``). Either at 0: always Spark."""
     from pyspark import StorageLevel
 
@@ -425,7 +428,7 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
                             late_rejects=data.late_rejects if b == 1 else None)
               for b in range(0, data.n_batches + 1)}
     try:
-        records = runner.run_pipelined(list(inputs), routed, inputs, compiled, bounds, extras, warmup=0,
+        records = run_pipelined(runner, list(inputs), routed, inputs, compiled, bounds, extras, warmup=0,
                                          punctuations=bool(data.punctuations))
     finally:
         if multi and not local:
@@ -473,7 +476,7 @@ def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner
     batches = list(range(1, prepared.n_batches + 1))
     bounds, extras = _cycles(prepared)
     if pipelined:
-        records = runner.run_pipelined(batches, prepared.routed.where("_batch >= 1"),
+        records = run_pipelined(runner, batches, prepared.routed.where("_batch >= 1"),
                                        {b: prepared.batch_input(b, routed=False) for b in batches}, compiled, bounds,
                                        extras, punctuations=bool(prepared.punctuations))
     else:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso
-from mjoin.engine.batch import apply_engine_conf, restore_conf
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import MICROS, EngineQuery, key_name
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.frame import arrow_frame_schema

@@ -6,7 +6,7 @@ Two layouts under ``<lake>/results/<query>/``, read by one reader (:func:`result
   (streaming micro-batches, per-batch interval runs, the spark-native baseline);
 - ``batches=<F>-<L>/part-*.parquet`` with a column ``_batch`` (the batch of each row), plus one ``_SUCCESS``
   (``{batches: [F, L], rows: {B: rows}, columns, plan_version}``): every batch of a pipelined interval run
-  (:meth:`mjoin.engine.batch.BatchRunner.run_pipelined`), each task's rows of all its batches in few files
+  (:meth:`mjoin.engine.pipelined.run_pipelined`), each task's rows of all its batches in few files
   (:class:`RowFiles`) instead of one file per batch and task.
 
 A batch counts once its folder's ``_SUCCESS`` exists. A batch's own folder wins over a range that holds

@@ -33,7 +33,8 @@ from mjoin.lake import contract, fsutil
 from mjoin.model.plan import PlanError
 from mjoin.lake.registry import PlanRegistry, RegistryError
 from mjoin.model.timeutil import iso
-from mjoin.engine.batch import BatchInput, BatchRunner, apply_engine_conf, restore_conf
+from mjoin.engine.batch import BatchInput, BatchRunner
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import CompiledPlan
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.control import JobControl, Watcher
