@@ -21,7 +21,9 @@ Unknown param names fail the run at `prepare` (the api-server already refuses th
 plugins/mjoin_trigger_checks.py). Backfill runs go in logical-date order: each waits (rescheduled,
 holding no worker slot) until the run of the interval before it has finished, so it sees the plan
 that run deployed.
-Logic lives in mjoin.loop.reoptimize (docs/orchestration.md); this file only wires it.
+Logic lives in mjoin.loop (docs/orchestration.md); this file only wires it. The tasks import their
+step modules when they run, not here: the scheduler parses this file often, and the steps import pandas,
+pyarrow and scipy (tests/test_dags.py checks what parsing imports).
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def _run_params(ctx) -> dict:
 
 
 def _config():
-    from mjoin.loop.reoptimize import LoopConfig
+    from mjoin.loop.config import LoopConfig
 
     ctx = get_current_context()
     run = ctx["dag_run"]
@@ -79,7 +81,7 @@ def _config():
 
 def _step(fn, *args):
     """Run a step; map its outcomes onto Airflow states (failed gate -> failed, no change -> skipped)."""
-    from mjoin.loop.reoptimize import NoChange, StepFailed
+    from mjoin.loop.config import NoChange, StepFailed
 
     try:
         cfg = _config()
@@ -113,16 +115,16 @@ def _await_previous_backfill_run(ctx) -> None:
 
 def _note_failure(context) -> None:
     """on_failure_callback of every task: keep the task's error in the run folder, for the outcome's reasons."""
-    from mjoin.loop import reoptimize
+    from mjoin.loop import config, outcome
 
     ti = context["ti"]
     try:
         folder = ti.xcom_pull(task_ids="prepare", key="run_dir")
         if not folder:  # prepare itself failed: the folder prepare would have made
             run = context["dag_run"]
-            cfg, _ = reoptimize.lenient_config(_run_params(context), run_id=run.run_id, run_type=_run_type(run))
-            folder = reoptimize.fallback_context(cfg, _logical_date(context))["run_dir"]
-        reoptimize.note_failure(folder, ti.task_id, str(context.get("exception") or "failed"))
+            cfg, _ = config.lenient_config(_run_params(context), run_id=run.run_id, run_type=_run_type(run))
+            folder = config.fallback_context(cfg, _logical_date(context))["run_dir"]
+        outcome.note_failure(folder, ti.task_id, str(context.get("exception") or "failed"))
     except Exception as exc:  # a callback must not hide the task's own error
         print(f"could not record the failure of {ti.task_id}: {exc}")
 
@@ -142,23 +144,23 @@ def _note_failure(context) -> None:
 def mjoin_reoptimize():
     @task(multiple_outputs=True)
     def prepare():
-        from mjoin.loop import reoptimize
+        from mjoin.loop import collect
 
         ctx = get_current_context()
         _await_previous_backfill_run(ctx)
-        return _step(lambda cfg: reoptimize.prepare(cfg, _logical_date(ctx)))
+        return _step(lambda cfg: collect.prepare(cfg, _logical_date(ctx)))
 
     @task
     def land(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import collect
 
-        return _step(reoptimize.land, ctx)
+        return _step(collect.land, ctx)
 
     @task(trigger_rule="none_failed")
     def check_input(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import collect
 
-        return _step(reoptimize.check_input, ctx)
+        return _step(collect.check_input, ctx)
 
     @task.branch
     def join_mode(ctx: dict):
@@ -166,45 +168,45 @@ def mjoin_reoptimize():
 
     @task
     def check_statistics(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import collect
 
-        return _step(reoptimize.check_statistics, ctx)
+        return _step(collect.check_statistics, ctx)
 
     @task
     def forecast(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import replan
 
-        return _step(reoptimize.forecast, ctx)
+        return _step(replan.forecast, ctx)
 
     @task
     def check_forecast(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import replan
 
-        return _step(reoptimize.check_forecast, ctx)
+        return _step(replan.check_forecast, ctx)
 
     @task
     def optimize(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import replan
 
-        return _step(reoptimize.optimize, ctx)
+        return _step(replan.optimize, ctx)
 
     @task
     def check_plan(ctx: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import replan
 
-        return _step(reoptimize.check_plan, ctx)
+        return _step(replan.check_plan, ctx)
 
     @task
     def deploy(ctx: dict, gate: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import deploy as deploying
 
-        return _step(reoptimize.deploy, ctx, gate)
+        return _step(deploying.deploy, ctx, gate)
 
     @task
     def await_switch(ctx: dict, deployed: dict):
-        from mjoin.loop import reoptimize
+        from mjoin.loop import deploy as deploying
 
-        return _step(reoptimize.await_switch, ctx, deployed)
+        return _step(deploying.await_switch, ctx, deployed)
 
     @task(task_id="collect_statistics", trigger_rule="none_failed_min_one_success")
     def collect_statistics_remote(args: list):
@@ -218,15 +220,15 @@ def mjoin_reoptimize():
     @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
     def record():
         """The run's outcome, also when prepare failed (its context is then rebuilt from the params)."""
-        from mjoin.loop import reoptimize
+        from mjoin.loop import config, outcome
 
         c = get_current_context()
         ti, run = c["ti"], c["dag_run"]
         states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
         states = {t: s for t, s in states.items() if t != ti.task_id}
-        cfg, _ = reoptimize.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
-        ctx = ti.xcom_pull(task_ids="prepare") or reoptimize.fallback_context(cfg, _logical_date(c))
-        return reoptimize.record(cfg, ctx, states)
+        cfg, _ = config.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
+        ctx = ti.xcom_pull(task_ids="prepare") or config.fallback_context(cfg, _logical_date(c))
+        return outcome.record(cfg, ctx, states)
 
     ctx = prepare()
     landed = land(ctx)

@@ -34,7 +34,7 @@ def world(tmp_path_factory):
 
 
 def outcome(world, k: int, namespace: str = "") -> dict | None:
-    from mjoin.loop.reoptimize import LoopConfig, run_dir
+    from mjoin.loop.config import LoopConfig, run_dir
 
     path = fsutil.join(run_dir(LoopConfig(lake=str(world["lake"]), namespace=namespace), QUERY, logical(k)), "outcome.json")
     return json.loads(fsutil.read_text(path)) if fsutil.exists(path) else None
@@ -146,7 +146,7 @@ def test_unknown_gate_setting_fails_the_run_at_prepare_with_a_clear_message(worl
     states = task_states(world["env"], "mjoin_reoptimize", run["run_id"])
     assert run["state"] == "failed" and states["prepare"] == "failed" and states["land"] == "upstream_failed"
     assert states["record"] == "success"
-    from mjoin.loop.reoptimize import LoopConfig, interval_for, run_dir
+    from mjoin.loop.config import LoopConfig, interval_for, run_dir
 
     end = interval_for(when, PERIOD, CYCLE)[1]  # 00:03:30 snapped to the 5 s grid: itself
     out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))
@@ -347,7 +347,7 @@ def test_unknown_param_name_fails_at_prepare_and_evaluate_refuses_an_empty_range
     proc = dags_test(world["env"], "mjoin_reoptimize", when, {**world["conf"], "dryrun": True},
                      mark_success="^(join|collect_statistics)$", log=world["log"])
     assert "invalid params: unknown param(s) dryrun; known: query, strategy" in proc.stdout
-    from mjoin.loop.reoptimize import LoopConfig, interval_for, run_dir
+    from mjoin.loop.config import LoopConfig, interval_for, run_dir
 
     end = interval_for(when, PERIOD, CYCLE)[1]
     out = json.loads(fsutil.read_text(fsutil.join(run_dir(LoopConfig(lake=str(world["lake"])), QUERY, end), "outcome.json")))

@@ -15,7 +15,7 @@ from mjoin.optimizer.partitioning import (Candidate, Cells, chain_overhead_from_
                                            range_rule, rate_rule)
 from mjoin.model.keygroups import group_of, num_groups
 from mjoin.model.query import parse_query
-from mjoin.loop.reoptimize import LoopConfig
+from mjoin.loop.config import LoopConfig
 from mjoin.stats.cells import cell_map, regroup, regroup_rows
 from mjoin.workloads.synthetic import query_document
 

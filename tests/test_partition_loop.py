@@ -82,8 +82,10 @@ def test_after_a_rule_change_the_forecast_sees_every_cycle_regrouped_exactly(spa
 def test_the_loop_chooses_key_groups_gates_them_and_forecasts_them_next_run(spark, stripes, tmp_path):
     from mjoin.optimizer.cost import CostModel
     from mjoin.lake.registry import PlanRegistry
-    from mjoin.loop.reoptimize import LoopConfig, check_plan, deploy, optimize
-    from mjoin.loop.reoptimize import forecast as forecast_step
+    from mjoin.loop.config import LoopConfig
+    from mjoin.loop.replan import check_plan, optimize
+    from mjoin.loop.deploy import deploy
+    from mjoin.loop.replan import forecast as forecast_step
 
     src, q = stripes
     lake = Lake(str(tmp_path / "lake"))

@@ -18,7 +18,10 @@ from mjoin.gates.config import GateConfig, GateConfigError
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.lake.registry import PlanRegistry
-from mjoin.loop.reoptimize import LoopConfig, NoChange, StepFailed, await_switch, check_plan, deploy, optimize, record
+from mjoin.loop.config import LoopConfig, NoChange, StepFailed
+from mjoin.loop.deploy import await_switch, deploy
+from mjoin.loop.replan import check_plan, optimize
+from mjoin.loop.outcome import record
 
 QUERY = "tpcds_returns_by_address"
 T_END = "2026-01-01T00:05:00Z"
@@ -374,7 +377,7 @@ def test_await_switch_fails_fast_when_the_job_has_stopped(job, tmp_path, seed_qu
 
 def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(job, tmp_path, seed_query):
     from mjoin.optimizer.cost import CostModel
-    from mjoin.loop.reoptimize import calibrate, cost_model_path
+    from mjoin.loop.replan import calibrate, cost_model_path
 
     def cfg_for(**params):
         return LoopConfig.from_params({"query": QUERY, "lake": job.lake.root, **params})
@@ -409,7 +412,7 @@ def test_calibrate_step_fits_the_live_jobs_metrics_or_keeps_the_previous_model(j
     ("2026-01-01T00:05:09.999999Z", "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"),
 ])
 def test_interval_is_whole_cycles_ending_at_the_last_boundary(logical, start, end):
-    from mjoin.loop.reoptimize import interval_for
+    from mjoin.loop.config import interval_for
     from mjoin.model.timeutil import iso, to_epoch
 
     assert tuple(map(iso, interval_for(logical, 300, 10))) == (start, end)
@@ -430,7 +433,7 @@ LIVE0 = 1767225600  # 2026-01-01T00:00:00Z
 
 
 def test_prepare_on_a_live_lake_starts_at_the_first_landed_cycle_and_covers_the_forecast_history(tmp_path, seed_query):
-    from mjoin.loop.reoptimize import prepare
+    from mjoin.loop.collect import prepare
     from mjoin.model.timeutil import iso
 
     lake = Lake(str(tmp_path / "lake"))
@@ -452,7 +455,7 @@ def test_prepare_on_a_live_lake_starts_at_the_first_landed_cycle_and_covers_the_
     # an interval wholly before the first landed cycle: nothing to judge, a skip with the reason (not a failure)
     early = prepare(cfg, "2026-01-01T00:00:25Z")
     assert "ends before the first landed cycle 2026-01-01T00:00:30Z" in early["skip"]
-    from mjoin.loop.reoptimize import check_input
+    from mjoin.loop.collect import check_input
 
     with pytest.raises(NoChange, match="ends before the first landed cycle"):
         check_input(cfg, early)
@@ -462,7 +465,7 @@ def test_check_input_waits_for_the_last_cycle_then_judges_it(tmp_path, seed_quer
     """A scheduled run at ...:31.9 judges [.., :30); the feed lands the cycle [:20, :30) a moment later: the gate
     waits for it (not judging a half-landed cycle), then passes. A sparse source with no folder for the last
     cycle makes it wait for the landing allowance, after which the cycle counts as empty."""
-    from mjoin.loop.reoptimize import check_input, prepare
+    from mjoin.loop.collect import check_input, prepare
 
     lake = Lake(str(tmp_path / "lake"))
     cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "landing_allowance": 30},
@@ -498,7 +501,8 @@ def test_check_input_waits_for_the_last_cycle_then_judges_it(tmp_path, seed_quer
 # ---- outcomes of every run, also a failed prepare -----------------------------------------------------
 
 def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
-    from mjoin.loop.reoptimize import fallback_context, lenient_config, note_failure
+    from mjoin.loop.config import fallback_context, lenient_config
+    from mjoin.loop.outcome import note_failure
     from mjoin.loop.ui import read_outcomes
 
     params = {"query": QUERY, "lake": str(tmp_path), "gates": {"null_frac": 0.5}, "period": 60, "cycle": 10}
@@ -520,7 +524,7 @@ def test_a_run_that_failed_in_prepare_gets_an_outcome_with_the_reason(tmp_path):
 
 
 def test_a_second_run_over_the_same_interval_keeps_its_own_folder(tmp_path):
-    from mjoin.loop.reoptimize import run_dir
+    from mjoin.loop.config import run_dir
 
     a = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="scheduled__1")
     b = LoopConfig(query=QUERY, lake=str(tmp_path), run_id="manual__2026-01-01T00:05:33+00:00")
@@ -573,7 +577,7 @@ def test_continuous_check_input_reports_what_the_job_quarantined_since_the_last_
     """In continuous mode the running job enforces the landing contract; check_input says what it quarantined
     (rows by reason, files by rule) in the batches since the previous run reported, from its metrics."""
     from mjoin.engine.metrics import write_record
-    from mjoin.loop.reoptimize import check_input, prepare
+    from mjoin.loop.collect import check_input, prepare
 
     lake = Lake(str(tmp_path / "lake"))
     cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 60, "cycle": 10, "mode": "continuous"},
@@ -609,7 +613,8 @@ def test_forecast_step_records_the_series_replaced_by_the_last_value(tmp_path, s
     report, and the forecast gate step passes; with ``forecast_bound`` off the gate fails as before."""
     import pandas as pd
 
-    from mjoin.loop.reoptimize import check_forecast, forecast, stats_root
+    from mjoin.loop.replan import check_forecast, forecast
+    from mjoin.loop.config import stats_root
     from mjoin.stats.history import write_cycle
     from test_forecast import T0, TAU, step_history
 

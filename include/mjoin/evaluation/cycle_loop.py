@@ -3,7 +3,7 @@
 The paper's operator re-optimizes every statistics cycle tau: after cycle k has landed, its statistics
 (Eq. 9-11) join the history, Holt forecasts cycle k+1 from the last L cycles, the optimizer picks orders on
 the forecast, and the new plan runs from the next batch on. :class:`CycleLoop` does exactly the steps of one
-``mjoin_reoptimize`` run (``mjoin.loop.reoptimize``), once per cycle instead of once per period:
+``mjoin_reoptimize`` run (``mjoin.loop``), once per cycle instead of once per period:
 
     statistics of cycle k (Spark job, appended to the history)  -> statistics gate
       -> Holt forecast of cycle k+1 (last L cycles)              -> forecast gate

@@ -105,7 +105,7 @@ def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycl
 
 def _outcome(lake: Lake, query_ref: str, logical: str) -> dict | None:
     from mjoin.model.query import load_query
-    from mjoin.loop.reoptimize import LoopConfig, run_dir
+    from mjoin.loop.config import LoopConfig, run_dir
 
     name = load_query(query_ref).name
     path = fsutil.join(run_dir(LoopConfig(query=query_ref, lake=lake.root), name, logical), "outcome.json")

@@ -1,0 +1,279 @@
+"""A re-optimization run: its config (the DAG params, one place of defaults), its interval of whole
+statistics cycles, its run folder, and the documents its steps write there (docs/orchestration.md)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timedelta, timezone
+
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso, parse_duration, parse_time
+
+log = logging.getLogger(__name__)
+
+
+BACKFILL_NAMESPACE = "eval/backfill"
+
+
+class StepFailed(RuntimeError):
+    """A gate failed (or a step could not run): the run stops here, the active plan stays."""
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message)
+        self.result = result or {}
+
+
+class NoChange(RuntimeError):
+    """The step has nothing to do (the DAG shows it as skipped, not failed)."""
+
+
+@dataclass
+class LoopConfig:
+    """Everything a run needs; built from the DAG params (one place of defaults)."""
+
+    query: str = "tpcds_returns_by_address"
+    lake: str = ""
+    namespace: str = ""
+    strategy: str = "exact"
+    length: int = 60  # L: statistics cycles the forecast reads
+    #: a Holt forecast outside the range the forecast gate accepts becomes the series' last value (mjoin.forecast.holt)
+    forecast_bound: bool = True
+    cycle: float = 10.0  # tau: statistics cycle, seconds
+    period: float = 300.0  # the re-optimization period (the DAG schedule), seconds
+    improvement_threshold: float | None = None  # None: GateConfig's default (resolved in from_params)
+    dry_run: bool = False
+    mode: str = "cycle"  # cycle | continuous
+    workload: str = ""  # cycle mode: land each interval from this generated workload
+    initial_order: list = field(default_factory=list)
+    cost_model: str = ""  # path of a calibrated cost model JSON ("" = <lake>/.../cost_model.json if present)
+    calibrate: bool = True  # refit the cost model from the live join's metrics before optimizing
+    calibration_batches: int = 200  # ... from its newest batches
+    calibration_min_r2: float = 0.3  # ... and keep the previous model when the fit explains less
+    gates: dict = field(default_factory=dict)  # GateConfig overrides
+    stats_mode: str = "exact"  # exact | sketch
+    #: PMJoin key groups: the rule's method (auto: the cheapest of all; none: one group) and D (auto: the cheapest)
+    partition_method: str = "auto"
+    partition_groups: str = "auto"
+    deploy_timeout: float = 600.0  # continuous mode: wait this long for the job to switch
+    #: a cycle counts as complete once every stream landed it (or a later cycle), or this long after its end
+    landing_allowance: float = 30.0
+    run_id: str = ""
+    run_type: str = "manual"
+
+    @classmethod
+    def from_params(cls, params: dict, *, run_id: str = "", run_type: str = "manual") -> "LoopConfig":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in (params or {}).items() if k in known and v is not None}
+        for k in ("cycle", "period", "deploy_timeout", "landing_allowance"):
+            if k in values:
+                values[k] = parse_duration(values[k])
+        if isinstance(values.get("initial_order"), str):
+            values["initial_order"] = [s.strip() for s in values["initial_order"].split(",") if s.strip()]
+        if isinstance(values.get("gates"), str):
+            values["gates"] = json.loads(values["gates"] or "{}")
+        if not isinstance(values.get("gates", {}), dict):
+            raise ValueError(f"gates must be an object of threshold overrides, not {values['gates']!r}")
+        cfg = cls(**values, run_id=run_id, run_type=run_type)
+        if not cfg.lake:
+            from mjoin.runtime.resources import Resources
+
+            cfg.lake = Resources.from_env().lake
+        if cfg.mode not in ("cycle", "continuous"):
+            raise ValueError(f"mode {cfg.mode!r}: use cycle or continuous")
+        cfg._check_partitioning()
+        if run_type == "backfill":
+            if not cfg.namespace:
+                cfg.namespace = BACKFILL_NAMESPACE
+            if cfg.mode != "cycle":
+                log.warning("backfill run: mode %s ignored, a backfill always runs in cycle mode", cfg.mode)
+                cfg.mode = "cycle"
+        cfg._resolve_gates()
+        if cfg.period < cfg.cycle or cfg.cycle <= 0:
+            raise ValueError(f"period ({cfg.period} s) must be at least one statistics cycle ({cfg.cycle} s)")
+        return cfg
+
+    def _resolve_gates(self) -> None:
+        """One improvement threshold: ``gates.improvement_threshold`` > the param > GateConfig's default.
+        Validates every override (unknown keys and bad values raise GateConfigError, a ValueError)."""
+        from mjoin.gates.config import GateConfig
+
+        gates = dict(self.gates or {})
+        param = self.improvement_threshold
+        if "improvement_threshold" not in gates and param is not None:
+            gates["improvement_threshold"] = param
+        config = GateConfig.from_dict(gates)
+        if param is not None and "improvement_threshold" in (self.gates or {}) and \
+                float(param) != config.improvement_threshold:
+            log.warning("improvement threshold %s (gates.improvement_threshold) wins over the improvement_threshold "
+                        "param (%s)", config.improvement_threshold, param)
+        self.gates = gates
+        self.improvement_threshold = config.improvement_threshold
+
+    def _check_partitioning(self) -> None:
+        from mjoin.optimizer.partitioning import METHODS
+
+        if self.partition_method not in ("auto", "none") + METHODS:
+            raise ValueError(f"partition_method {self.partition_method!r}: use auto, none or one of {', '.join(METHODS)}")
+        g = str(self.partition_groups).strip()
+        if g != "auto" and not (g.isdigit() and 1 <= int(g) <= 64):
+            raise ValueError(f"partition_groups {self.partition_groups!r}: use auto or a number of groups 1..64")
+        self.partition_groups = g
+
+    def partition_search(self) -> tuple[tuple, tuple, bool] | None:
+        """``(methods, counts, forced)`` the optimizer chooses key groups from; None: one group (no rule).
+        ``forced``: a fixed ``D`` > 1 is used even where one group prices lower."""
+        from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS
+
+        if self.partition_method == "none" or self.partition_groups == "1":
+            return None
+        methods = METHODS if self.partition_method == "auto" else (self.partition_method,)
+        counts = GROUP_COUNTS if self.partition_groups == "auto" else (1, int(self.partition_groups))
+        return methods, counts, self.partition_groups != "auto"
+
+    def gate_config(self):
+        """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
+        from mjoin.gates.config import GateConfig
+
+        overrides = dict(self.gates or {})
+        if "improvement_threshold" not in overrides and self.improvement_threshold is not None:
+            overrides["improvement_threshold"] = self.improvement_threshold
+        return GateConfig.from_dict(overrides)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    # ---- derived -----------------------------------------------------------------
+    @property
+    def lake_(self) -> Lake:
+        return Lake(self.lake, self.namespace)
+
+    def load_query(self):
+        from mjoin.model.query import load_query
+
+        return load_query(self.query)
+
+
+def interval_for(logical_date, period: float, cycle: float | None = None) -> tuple[datetime, datetime]:
+    """The run's interval: the whole statistics cycles ``[end - n cycle, end)`` with ``end`` the last cycle
+    boundary at or before the logical date (cycles are aligned to multiples of ``cycle`` from the epoch, as
+    the lake's arrival folders are) and ``n = round(period / cycle)`` (at least 1).
+
+    Derived from the logical date alone, the same way for scheduled runs (logical dates like
+    ``...:31.905813``), UI triggers at "now", manual runs with any date and backfills (Airflow 3 gives
+    manual runs a zero-length data interval). Without ``cycle``: ``[logical_date - period, logical_date)``."""
+    at = parse_time(logical_date)
+    if not cycle:
+        return at - timedelta(seconds=period), at
+    end = parse_time(math.floor(round(at.timestamp(), 6) / cycle) * cycle)
+    n = max(1, int(round(period / cycle)))
+    return end - timedelta(seconds=n * cycle), end
+
+
+def run_dir(cfg: LoopConfig, query_name: str, end) -> str:
+    """``<lake>[/<ns>]/reports/<query>/runs/<interval end>/``; a second run over the same interval (another
+    run id, e.g. a UI trigger within a cycle of a scheduled run) gets ``<interval end>.<run id>/`` so no
+    run's outcome replaces another's (a retry or a cleared run keeps its folder)."""
+    stamp = parse_time(end).strftime("%Y%m%dT%H%M%SZ")
+    runs = fsutil.join(cfg.lake_.reports(query_name), "runs")
+    folder = fsutil.join(runs, stamp)
+    if cfg.run_id:
+        ctx_path = fsutil.join(folder, "context.json")
+        try:
+            owner = json.loads(fsutil.read_text(ctx_path)).get("config", {}).get("run_id") \
+                if fsutil.exists(ctx_path) else None
+        except (OSError, ValueError):
+            owner = None
+        if owner and owner != cfg.run_id:
+            folder = fsutil.join(runs, f"{stamp}.{re.sub(r'[^A-Za-z0-9_.-]+', '_', cfg.run_id)}")
+    return folder
+
+
+def write_doc(path: str, doc) -> str:
+    fsutil.atomic_write_text(path, json.dumps(doc, indent=2, default=str))
+    return path
+
+
+def read_doc(path: str):
+    return json.loads(fsutil.read_text(path))
+
+
+def read_optional(folder: str, name: str) -> dict:
+    path = fsutil.join(folder, name)
+    return read_doc(path) if fsutil.exists(path) else {}
+
+
+def stats_root(cfg: LoopConfig) -> str:
+    from mjoin.stats.history import history_root
+
+    return history_root(cfg.lake_)
+
+
+def finish_gate(result, ctx: dict, name: str) -> dict:
+    doc = result.to_json()
+    write_doc(fsutil.join(ctx["run_dir"], f"gate_{name}.json"), doc)
+    for line in result.summary().splitlines():
+        log.info("%s", line)
+    brief = {"gate": name, "status": result.status, "failures": [f.expectation for f in result.failures],
+             "result": fsutil.join(ctx["run_dir"], f"gate_{name}.json")}
+    if result.status == "failed":
+        raise StepFailed(f"{name} gate failed: " + "; ".join(f.describe() if hasattr(f, "describe") else str(f)
+                                                              for f in result.failures[:5]), brief)
+    return brief
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{float(x):.1%}"
+
+
+def lenient_config(params: dict, *, run_id: str = "", run_type: str = "manual") -> tuple[LoopConfig, str | None]:
+    """``(config, problem)``: the run's config, or, when its params are invalid, one with just enough to find
+    its run folder (query reference, lake, namespace, cycle, period) and the problem."""
+    try:
+        return LoopConfig.from_params(params, run_id=run_id, run_type=run_type), None
+    except ValueError as exc:
+        problem = f"invalid params: {exc}"
+    cfg = LoopConfig(run_id=run_id, run_type=run_type)
+    for name in ("query", "lake", "namespace", "mode"):
+        if isinstance((params or {}).get(name), str) and params[name]:
+            setattr(cfg, name, params[name])
+    for name in ("cycle", "period"):
+        try:
+            setattr(cfg, name, parse_duration(params[name]) or getattr(cfg, name))
+        except (KeyError, TypeError, ValueError):
+            pass
+    if not cfg.lake:
+        from mjoin.runtime.resources import Resources
+
+        cfg.lake = Resources.from_env().lake
+    if run_type == "backfill" and not cfg.namespace:
+        cfg.namespace = BACKFILL_NAMESPACE
+    return cfg, problem
+
+
+def query_name(ref: str) -> str:
+    """The spec's name, or (a spec that does not load) its reference made safe for a folder name."""
+    from mjoin.model.query import QuerySpecError, load_query
+
+    try:
+        return load_query(ref).name
+    except (QuerySpecError, OSError, ValueError):
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(ref).rsplit("/", 1)[-1].removesuffix(".yaml")) or "unknown"
+
+
+def fallback_context(cfg: LoopConfig, logical_date) -> dict:
+    """The context of a run whose ``prepare`` failed: its interval and run folder, as prepare would have
+    resolved them (best effort), so that its failure is recorded where its outcome belongs."""
+    try:
+        start, end = interval_for(logical_date, cfg.period, cfg.cycle if cfg.cycle > 0 else None)
+    except (TypeError, ValueError):
+        start = end = parse_time(logical_date)
+    name = query_name(cfg.query)
+    return {"query": name, "start": iso(start), "end": iso(end), "run_dir": run_dir(cfg, name, end),
+            "namespace": cfg.namespace, "lake": cfg.lake, "mode": cfg.mode, "logical_date": iso(logical_date),
+            "config": cfg.to_json()}
