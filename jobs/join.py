@@ -16,7 +16,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.commands import run as run_command
     from mjoin.model.plan import PlanError
     from mjoin.model.query import QuerySpecError

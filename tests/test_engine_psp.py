@@ -103,7 +103,7 @@ def test_psp_slices_auto_follows_eq5_or_the_state(psp_lake, tmp_path):
 
     import yaml
 
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.commands import run as run_cmd
     from mjoin.engine.state import StateStore
 

@@ -28,7 +28,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
 
     argv = list(args.args)
     if argv[:1] == ["--"]:

@@ -32,7 +32,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from mjoin.optimizer.calibrate import CalibrationError, calibrate, read_observations
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
 
     if args.lake:
         if not args.query:

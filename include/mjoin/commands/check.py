@@ -79,7 +79,7 @@ def _partitioning(args):
     import json
 
     from mjoin.lake import fsutil
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.gates.frames import UNKNOWN
 
     text = getattr(args, "partitioning", None)
@@ -100,7 +100,7 @@ def _partitioning(args):
 
 
 def _config(args):
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.gates.config import GateConfig, GateConfigError
 
     base = {}
@@ -122,7 +122,7 @@ def _config(args):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.gates.config import GateConfigError
     from mjoin.gates.stats import StatisticsGateError
     from mjoin.model.query import load_query
@@ -146,7 +146,7 @@ def run(args) -> int:
 
 def _check_times(args) -> None:
     """--from, --to, --cycle readable (exit 2 naming the flag, not a traceback)."""
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.model.timeutil import parse_duration, parse_time
 
     for flag, attr in (("--from", "start"), ("--to", "end")):
@@ -184,7 +184,7 @@ def _input(args, query, cfg):
     from mjoin.lake.layout import Lake
 
     from mjoin.lake import fsutil
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
 
     lake = Lake(args.lake)
     if not fsutil.is_dir(lake.streams()):

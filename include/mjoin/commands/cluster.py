@@ -39,7 +39,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from mjoin.runtime import cluster
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
 
     try:
         if args.action == "up":

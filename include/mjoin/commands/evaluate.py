@@ -53,7 +53,7 @@ def initial_orders(query, specs: list[str]) -> tuple:
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.evaluation.evaluate import EvalConfig, EvaluationError, check_has_data, evaluate
     from mjoin.model.query import load_query
     from mjoin.runtime.resources import Resources

@@ -35,7 +35,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.forecast.holt import ForecastConfig, forecast
     from mjoin.stats.history import read_history
     from mjoin.model.timeutil import iso, parse_time

@@ -101,7 +101,7 @@ def _punctuations(args):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.workloads.errors import WorkloadError
 
     try:

@@ -45,7 +45,7 @@ def _time(value, manifest, name):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.timeutil import iso
     from mjoin.workloads.errors import WorkloadError

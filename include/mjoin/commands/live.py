@@ -31,7 +31,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.timeutil import iso
     from mjoin.workloads.errors import WorkloadError

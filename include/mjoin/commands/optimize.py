@@ -52,7 +52,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.optimizer.cost import CostModelError, resolve_cost_model
     from mjoin.optimizer.strategies import OptimizerError, compare, optimize
     from mjoin.model.query import load_query
@@ -102,7 +102,7 @@ def run(args) -> int:
 
 def _key_groups(args, query) -> int:
     """--key-groups: choose the rule from the history's per-cell statistics, optimize its groups' orders."""
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.optimizer.cost import CostModelError, resolve_cost_model
     from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells, optimize_partitioned
     from mjoin.optimizer.strategies import OptimizerError
@@ -147,7 +147,7 @@ def _key_groups(args, query) -> int:
 
 
 def _load_rule(path):
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.fsutil import read_text
 
     try:

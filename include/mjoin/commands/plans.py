@@ -31,7 +31,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.plan import load_plan
     from mjoin.model.query import load_query

@@ -35,7 +35,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from mjoin.lake import quarantine as qmod
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.query import load_query
     from mjoin.runtime.resources import Resources

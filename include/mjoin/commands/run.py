@@ -83,7 +83,7 @@ def _psp_slices(args) -> int:
     """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.optimizer.psp.slices_for)."""
     value = str(getattr(args, "psp_slices", "auto") or "auto")
     if value != "auto":
-        from mjoin.cli import UserError
+        from mjoin.commands import UserError
 
         if not value.isdigit() or int(value) < 1:
             raise UserError(f"--psp-slices must be a whole number >= 1 or auto, not {value!r}")
@@ -148,7 +148,7 @@ def config_from(args):
 
 def check_interval_args(args) -> None:
     """An interval run's required options, checked before anything starts (a UserError names them)."""
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
 
     if args.stream:
         return
@@ -160,7 +160,7 @@ def check_interval_args(args) -> None:
 
 def execute(spark, args):
     """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.engine.config import EngineError
     from mjoin.engine.runs import run_interval, run_stream
     from mjoin.lake.layout import Lake

@@ -29,7 +29,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.runtime.connect_server import ConnectServerError, start, status, stop
 
     try:

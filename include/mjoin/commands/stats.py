@@ -59,7 +59,7 @@ def add_arguments(p):
 
 
 def _partitioning(args, query, lake):
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.model.plan import load_plan
     from mjoin.lake.registry import PlanRegistry
 
@@ -80,7 +80,7 @@ def _partitioning(args, query, lake):
 
 
 def run(args) -> int:
-    from mjoin.cli import UserError
+    from mjoin.commands import UserError
     from mjoin.lake.layout import Lake
     from mjoin.model.query import load_query
     from mjoin.stats.sketch import SketchConfig
