@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+from mjoin.loop.airflow_env import admin_password, airflow_env, ensure_db
+from mjoin.runtime import connect_server
+from mjoin.runtime.resources import Resources
 
 NAME = "airflow"
 HELP = "start Airflow (api-server, scheduler, dag-processor, triggerer) on the project's DAGs"
@@ -35,8 +42,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.loop.airflow_env import admin_password, airflow_env, ensure_db
-
     env = airflow_env(args.home, args.lake)
     env["AIRFLOW__API__PORT"] = str(args.port)
     # tasks report to the api-server's execution API: on another port than 8080 they must be told where it is
@@ -58,8 +63,6 @@ def run(args) -> int:
     feed = _start_feed(env, args.live_sf) if args.live else None
     server = None
     if args.spark_connect:
-        from mjoin.runtime import connect_server
-
         was = connect_server.status()["state"]
         server = connect_server.start()
         env["MJOIN_SPARK_REMOTE"] = server["url"]
@@ -73,8 +76,6 @@ def run(args) -> int:
         if feed is not None:
             _stop(feed)
         if server is not None:
-            from mjoin.runtime import connect_server
-
             connect_server.stop()
     return 0
 
@@ -84,11 +85,6 @@ def _standalone(env: dict) -> None:
     group gets SIGINT (what a terminal's Ctrl-C does), 30 s to stop, then SIGTERM, then SIGKILL. Measured:
     standalone itself may hang reaping its components, or exit leaving them running, so the group is signalled,
     and the feed and the Spark Connect server stop after it in any case."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     def interrupted(*_):
         raise KeyboardInterrupt
 
@@ -113,8 +109,6 @@ def _standalone(env: dict) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    import os
-
     try:
         os.killpg(pgid, 0)
         return True
@@ -124,10 +118,6 @@ def _group_alive(pgid: int) -> bool:
 
 def _start_feed(env: dict, sf: float):
     """``python -m mjoin live`` into the DAGs' lake, as a child process with its own log."""
-    import subprocess
-    import sys
-
-    from mjoin.runtime.resources import Resources
 
     lake = env.get("MJOIN_LAKE") or Resources.from_env().lake
     log_path = Path(env["AIRFLOW_HOME"]) / "live.log"
@@ -139,10 +129,6 @@ def _start_feed(env: dict, sf: float):
 
 
 def _stop(proc) -> None:
-    import os
-    import signal
-    import subprocess
-
     try:
         os.killpg(proc.pid, signal.SIGINT)  # stops between cycles: every landed cycle is complete
         proc.wait(timeout=30)

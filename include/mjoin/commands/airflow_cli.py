@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from mjoin.commands import UserError
+from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
 
 NAME = "airflow-cli"
 HELP = "run an airflow command on this project's Airflow (AIRFLOW_HOME=.airflow, dags/, plugins/)"
@@ -25,10 +29,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
-    from mjoin.commands import UserError
 
     argv = list(args.args)
     if argv[:1] == ["--"]:

@@ -1,6 +1,9 @@
 """python -m mjoin calibrate: fit the cost model to engine metrics."""
 from __future__ import annotations
 
+from mjoin.commands import UserError
+from mjoin.optimizer.calibrate import CalibrationError, calibrate, calibrate_from_lake, read_observations
+
 NAME = "calibrate"
 HELP = "fit the cost model (alpha_q, alpha_m, c / m_slots) to measured engine metrics"
 DESCRIPTION = """Fit the cost model's coefficients by non-negative least squares to the
@@ -31,13 +34,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.optimizer.calibrate import CalibrationError, calibrate, read_observations
-    from mjoin.commands import UserError
-
     if args.lake:
         if not args.query:
             raise UserError("--lake needs --query")
-        from mjoin.optimizer.calibrate import calibrate_from_lake
 
         try:
             model, report, path = calibrate_from_lake(args.lake, args.query, out=args.out, time_field=args.time_field,

@@ -1,7 +1,27 @@
 """python -m mjoin check {input,stats,forecast,plan}: run one data-quality gate from a shell."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+
+import yaml
+
+from mjoin.commands import UserError
+from mjoin.gates.config import GateConfig, GateConfigError
+from mjoin.gates.forecast import check_forecast
+from mjoin.gates.frames import UNKNOWN
+from mjoin.gates.history import read_history
+from mjoin.gates.input import check_input
+from mjoin.gates.plan import check_plan, model_cost_fn
+from mjoin.gates.stats import StatisticsGateError, check_statistics
+from mjoin.lake import fsutil
+from mjoin.lake.fsutil import read_text
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry
+from mjoin.model.query import load_query
+from mjoin.model.statistics import Statistics
+from mjoin.model.timeutil import parse_duration, parse_time
 
 NAME = "check"
 HELP = "run a data-quality gate (input, stats, forecast, plan) and print the failed expectations"
@@ -76,11 +96,6 @@ def partitioning_arg(sp):
 
 def _partitioning(args):
     """The --partitioning value as the gates take it (UNKNOWN when not given)."""
-    import json
-
-    from mjoin.lake import fsutil
-    from mjoin.commands import UserError
-    from mjoin.gates.frames import UNKNOWN
 
     text = getattr(args, "partitioning", None)
     if text is None:
@@ -100,14 +115,8 @@ def _partitioning(args):
 
 
 def _config(args):
-    from mjoin.commands import UserError
-    from mjoin.gates.config import GateConfig, GateConfigError
-
     base = {}
     if args.config:
-        import yaml
-
-        from mjoin.lake.fsutil import read_text
 
         try:
             base = yaml.safe_load(read_text(args.config)) or {}
@@ -122,11 +131,6 @@ def _config(args):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.gates.config import GateConfigError
-    from mjoin.gates.stats import StatisticsGateError
-    from mjoin.model.query import load_query
-
     if not getattr(args, "verbose", False):  # the summary is printed below; the log line would repeat it
         logging.getLogger("mjoin.gates").setLevel(logging.ERROR)
     _check_times(args)
@@ -146,9 +150,6 @@ def run(args) -> int:
 
 def _check_times(args) -> None:
     """--from, --to, --cycle readable (exit 2 naming the flag, not a traceback)."""
-    from mjoin.commands import UserError
-    from mjoin.model.timeutil import parse_duration, parse_time
-
     for flag, attr in (("--from", "start"), ("--to", "end")):
         if getattr(args, attr, None) is not None:
             try:
@@ -165,26 +166,15 @@ def _check_times(args) -> None:
 
 
 def _duration(text):
-    from mjoin.model.timeutil import parse_duration
-
     return None if text is None else parse_duration(text)
 
 
 def _history(args, query):
-    from mjoin.gates.history import read_history
-    from mjoin.lake.layout import Lake
-
     return read_history(args.history if args.history else Lake(args.lake).stats(query.name))
 
 
 def _input(args, query, cfg):
-    import dataclasses
 
-    from mjoin.gates.input import check_input
-    from mjoin.lake.layout import Lake
-
-    from mjoin.lake import fsutil
-    from mjoin.commands import UserError
 
     lake = Lake(args.lake)
     if not fsutil.is_dir(lake.streams()):
@@ -195,25 +185,15 @@ def _input(args, query, cfg):
 
 
 def _stats(args, query, cfg):
-    from mjoin.gates.stats import check_statistics
-
     return check_statistics(query, _history(args, query), args.start, args.end, _duration(args.cycle), config=cfg,
                             partitioning=_partitioning(args))
 
 
 def _forecast(args, query, cfg):
-    from mjoin.gates.forecast import check_forecast
-
     return check_forecast(query, args.forecast, _history(args, query), config=cfg, partitioning=_partitioning(args))
 
 
 def _plan(args, query, cfg):
-    from mjoin.gates.plan import check_plan
-    from mjoin.gates.plan import model_cost_fn
-    from mjoin.lake.layout import Lake
-    from mjoin.lake.registry import PlanRegistry
-    from mjoin.model.statistics import Statistics
-
     active = None
     if args.active:
         active = args.active

@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import shlex
 
+from mjoin.commands import UserError
+from mjoin.runtime import cluster
+from mjoin.runtime.cluster import DEFAULT_DIR, ClusterConfig
+
 NAME = "cluster"
 HELP = "start, stop or check a native cluster: Spark standalone master + workers, PostgreSQL for Airflow"
 DESCRIPTION = """The topology of docker-compose.yml without Docker, on 127.0.0.1: a Spark standalone
@@ -20,8 +24,6 @@ Exit codes: 0 ok (status: the cluster is up), 1 status: not up, 2 a component co
 
 
 def add_arguments(p):
-    from mjoin.runtime.cluster import DEFAULT_DIR, ClusterConfig
-
     d = ClusterConfig()
     p.add_argument("action", choices=("up", "down", "status", "env"))
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"state, logs and data (default {DEFAULT_DIR})")
@@ -38,9 +40,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.runtime import cluster
-    from mjoin.commands import UserError
-
     try:
         if args.action == "up":
             cfg = cluster.ClusterConfig(master_port=args.master_port, master_ui_port=args.master_ui_port,

@@ -1,6 +1,8 @@
 """python -m mjoin demo: the end-to-end demo of `make demo`."""
 from __future__ import annotations
 
+from mjoin.loop.demo import run_demo
+
 NAME = "demo"
 HELP = "generate TPC-DS streams, run the re-optimization DAG for several cycles, compare strategies"
 DESCRIPTION = """Generate the TPC-DS workload (offline dsdgen, cached), run the mjoin_reoptimize DAG
@@ -20,8 +22,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.loop.demo import run_demo
-
     result = run_demo(sf=args.sf, periods=args.periods, period_minutes=args.period_minutes, cycle=args.cycle,
                       strategy=args.strategy, workdir=args.workdir, evaluate=not args.no_evaluate)
     failed = [o for o in result["outcomes"] if o.get("status") not in ("deployed", "no_change", "dry_run")]

@@ -2,6 +2,13 @@
 from __future__ import annotations
 
 import json
+from itertools import permutations
+
+from mjoin.commands import UserError
+from mjoin.evaluation.evaluate import STRATEGIES, EvalConfig, EvaluationError, check_has_data, evaluate
+from mjoin.model.query import load_query, stream_order_from
+from mjoin.runtime.resources import Resources
+from mjoin.runtime.spark import get_spark
 
 NAME = "evaluate"
 HELP = "cost every strategy's plans and the hindsight oracle on historical intervals (Spark)"
@@ -16,8 +23,6 @@ summary and an HTML report with plots to <lake>/<namespace>/reports/<query>/eval
 
 
 def add_arguments(p):
-    from mjoin.evaluation.evaluate import STRATEGIES
-
     p.add_argument("--query", required=True, help="query spec (YAML path or name)")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
     p.add_argument("--from", dest="start", required=True, metavar="T0", help="first interval start (ISO-8601 or epoch)")
@@ -39,9 +44,6 @@ def add_arguments(p):
 
 
 def initial_orders(query, specs: list[str]) -> tuple:
-    from itertools import permutations
-
-    from mjoin.model.query import stream_order_from
 
     out = []
     for spec in specs:
@@ -53,12 +55,6 @@ def initial_orders(query, specs: list[str]) -> tuple:
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.evaluation.evaluate import EvalConfig, EvaluationError, check_has_data, evaluate
-    from mjoin.model.query import load_query
-    from mjoin.runtime.resources import Resources
-    from mjoin.runtime.spark import get_spark
-
     query = load_query(args.query)
     try:  # a bad range, or one without data, is the user's error (exit 2), found before Spark starts
         cfg = EvalConfig(query=args.query, lake=args.lake or Resources.from_env().lake, start=args.start, end=args.end,

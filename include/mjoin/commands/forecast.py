@@ -1,6 +1,11 @@
 """python -m mjoin forecast: one-step-ahead Holt forecast of the statistics history."""
 from __future__ import annotations
 
+from mjoin.commands import UserError
+from mjoin.forecast.holt import MODELS, ForecastConfig, forecast
+from mjoin.model.timeutil import iso, parse_time
+from mjoin.stats.history import read_history
+
 NAME = "forecast"
 HELP = "forecast the next cycle's statistics from the history (Holt, statsmodels)"
 DESCRIPTION = """Read the statistics history (the cycles that start before --as-of, the last
@@ -16,8 +21,6 @@ per-series report. Example:
 
 
 def add_arguments(p):
-    from mjoin.forecast.holt import MODELS
-
     p.add_argument("--stats-history", required=True, metavar="DIR",
                    help="<lake>/stats/<query> (or <lake>/stats with --query)")
     p.add_argument("--query", help="query name when DIR holds the histories of several queries")
@@ -35,11 +38,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.forecast.holt import ForecastConfig, forecast
-    from mjoin.stats.history import read_history
-    from mjoin.model.timeutil import iso, parse_time
-
     try:
         as_of = parse_time(args.as_of)
     except ValueError as exc:

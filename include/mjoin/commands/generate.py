@@ -4,6 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from mjoin.commands import UserError
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.params import DEFAULT_START
+from mjoin.workloads.presets import describe_presets
+from mjoin.workloads.punctuations import write_punctuations
+from mjoin.workloads.synthetic import generate_synthetic
+from mjoin.workloads.tpcds_replay import generate_tpcds
+
 NAME = "generate"
 HELP = "generate a stream workload: TPC-DS tables replayed as streams, or synthetic drifting streams"
 DESCRIPTION = """Generate a workload folder: streams/<source>/arrival=<epoch>/part-00000.parquet
@@ -43,7 +51,6 @@ def add_arguments(p):
     _common(t)
     t.set_defaults(_generate=_tpcds)
 
-    from mjoin.workloads.presets import describe_presets
 
     y = sub.add_parser("synthetic", help="n streams with Zipf keys whose rates and match rates drift on a schedule",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,18 +82,12 @@ def add_arguments(p):
 
 
 def _tpcds(args):
-    from mjoin.workloads.tpcds_replay import generate_tpcds
-    from mjoin.workloads.params import DEFAULT_START
-
     return generate_tpcds(args.out, sf=args.sf, replay=args.replay, rate=args.rate, duration=args.duration,
                           speedup=args.speedup, cycle=args.cycle, start=args.start or DEFAULT_START, seed=args.seed,
                           customer_arrival=args.customer_arrival, cache_dir=args.cache, overwrite=args.overwrite)
 
 
 def _synthetic(args):
-    from mjoin.workloads.synthetic import generate_synthetic
-    from mjoin.workloads.params import DEFAULT_START
-
     return generate_synthetic(args.out, streams=args.streams, duration=args.duration, rate=args.rate, domain=args.domain,
                               schedule=args.schedule, window=args.window, cycle=args.cycle,
                               start=args.start or DEFAULT_START, seed=args.seed, name=args.name, prefix=args.prefix,
@@ -94,16 +95,11 @@ def _synthetic(args):
 
 
 def _punctuations(args):
-    from mjoin.workloads.punctuations import write_punctuations
-
     columns = dict((s.split(":", 1) + ["key"])[:2] for s in args.source)
     return write_punctuations(args.workload, columns, keep_cycles=args.keep_cycles)
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.workloads.errors import WorkloadError
-
     try:
         manifest = args._generate(args)
     except WorkloadError as exc:

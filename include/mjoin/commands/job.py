@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import json
 
+from mjoin.engine.control import JobControl
+from mjoin.lake.layout import Lake
+from mjoin.model.query import load_query
+from mjoin.runtime.resources import Resources
+
 NAME = "job"
 HELP = "status of the streaming join job, or stop it cleanly at a batch boundary"
 DESCRIPTION = """The streaming join job (`python -m mjoin run --stream`, `spark-submit jobs/join.py
@@ -64,11 +69,6 @@ def describe(st: dict) -> str:
 
 
 def run(args) -> int:
-    from mjoin.engine.control import JobControl
-    from mjoin.lake.layout import Lake
-    from mjoin.model.query import load_query
-    from mjoin.runtime.resources import Resources
-
     query = load_query(args.query)
     control = JobControl(Lake(args.lake or Resources.from_env().lake, args.namespace), query.name)
     if args.action == "stop":

@@ -4,6 +4,13 @@ from __future__ import annotations
 import json
 import sys
 
+from mjoin.commands import UserError
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso, parse_duration
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.lander import cycles_bound, land
+from mjoin.workloads.manifest import load_manifest
+
 NAME = "land"
 HELP = "land a workload's arrival cycles into a lake (idempotent, atomic per cycle)"
 DESCRIPTION = """Copy the workload's arrival cycles with since <= epoch < until into
@@ -30,9 +37,6 @@ def add_arguments(p):
 
 
 def _time(value, manifest, name):
-    from mjoin.model.timeutil import parse_duration
-    from mjoin.workloads.errors import WorkloadError
-
     if value is None:
         return None
     text = str(value).strip()
@@ -45,13 +49,6 @@ def _time(value, manifest, name):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.lake.layout import Lake
-    from mjoin.model.timeutil import iso
-    from mjoin.workloads.errors import WorkloadError
-    from mjoin.workloads.lander import cycles_bound, land
-    from mjoin.workloads.manifest import load_manifest
-
     try:
         if args.speed is not None and args.speed <= 0:
             raise WorkloadError(f"{args.speed!r} must be positive", "--speed")

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import sys
 
+from mjoin.commands import UserError
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import iso
+from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.live import run_live
+
 NAME = "live"
 HELP = "feed the lake with a real-time TPC-DS replay starting now (what make airflow runs beside Airflow)"
 DESCRIPTION = """Generate TPC-DS streams (the paper's replay, offline dsdgen, cached) whose event times are
@@ -31,12 +37,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.lake.layout import Lake
-    from mjoin.model.timeutil import iso
-    from mjoin.workloads.errors import WorkloadError
-    from mjoin.workloads.live import run_live
-
     lake = Lake(args.lake) if args.lake else Lake.default()
 
     def progress(epoch, cycles):

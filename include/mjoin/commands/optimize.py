@@ -3,6 +3,16 @@ from __future__ import annotations
 
 import json
 
+from mjoin.commands import UserError
+from mjoin.lake.fsutil import read_text
+from mjoin.model.query import load_query
+from mjoin.model.statistics import Statistics, StatisticsError
+from mjoin.model.timeutil import iso
+from mjoin.optimizer.cost import CostModelError, resolve_cost_model
+from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells, optimize_partitioned
+from mjoin.optimizer.strategies import STRATEGIES, OptimizerError, compare, optimize
+from mjoin.stats.history import CELL_KINDS, read_cells
+
 NAME = "optimize"
 HELP = "choose every stream's probe order from statistics (fixed, greedy, dppick, exact, ...)"
 DESCRIPTION = """Choose the probe order of every stream of a query from a statistics snapshot
@@ -25,8 +35,6 @@ model, in model units with the uncalibrated defaults)."""
 
 
 def add_arguments(p):
-    from mjoin.optimizer.strategies import STRATEGIES
-
     p.add_argument("--query", required=True, help="query spec path or name")
     p.add_argument("--stats", help="statistics snapshot JSON (mjoin.model.statistics format); not with --key-groups")
     p.add_argument("--key-groups", metavar="HISTORY",
@@ -52,12 +60,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.optimizer.cost import CostModelError, resolve_cost_model
-    from mjoin.optimizer.strategies import OptimizerError, compare, optimize
-    from mjoin.model.query import load_query
-    from mjoin.model.statistics import Statistics
-
     if not args.strategy and not args.compare:
         raise UserError("give --strategy NAME (or --compare)")
     if args.out and not args.strategy:
@@ -102,14 +104,6 @@ def run(args) -> int:
 
 def _key_groups(args, query) -> int:
     """--key-groups: choose the rule from the history's per-cell statistics, optimize its groups' orders."""
-    from mjoin.commands import UserError
-    from mjoin.optimizer.cost import CostModelError, resolve_cost_model
-    from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells, optimize_partitioned
-    from mjoin.optimizer.strategies import OptimizerError
-    from mjoin.stats.history import CELL_KINDS, read_cells
-    from mjoin.model.statistics import StatisticsError
-    from mjoin.model.timeutil import iso
-
     g = str(args.partition_groups)
     if g != "auto" and not (g.isdigit() and int(g) >= 1):
         raise UserError(f"--partition-groups {g!r}: auto or a number of groups")
@@ -147,9 +141,6 @@ def _key_groups(args, query) -> int:
 
 
 def _load_rule(path):
-    from mjoin.commands import UserError
-    from mjoin.lake.fsutil import read_text
-
     try:
         rule = json.loads(read_text(path))
     except json.JSONDecodeError as exc:

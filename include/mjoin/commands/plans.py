@@ -3,6 +3,13 @@ from __future__ import annotations
 
 import json
 
+from mjoin.commands import UserError
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry, RegistryError
+from mjoin.model.plan import load_plan
+from mjoin.model.query import load_query
+from mjoin.runtime.resources import Resources
+
 NAME = "plans"
 HELP = "plan registry: list versions, show one, publish a plan file, activate a version, roll back"
 DESCRIPTION = """Operate the versioned plan registry of a query (<lake>[/<namespace>]/plans/<query>/).
@@ -31,13 +38,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.lake.layout import Lake
-    from mjoin.model.plan import load_plan
-    from mjoin.model.query import load_query
-    from mjoin.lake.registry import PlanRegistry, RegistryError
-    from mjoin.runtime.resources import Resources
-
     query = load_query(args.query)
     lake = Lake(args.lake or Resources.from_env().lake, args.namespace)
     reg = PlanRegistry(lake, query.name)

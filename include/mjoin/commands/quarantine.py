@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import json
 
+from mjoin.commands import UserError
+from mjoin.lake import quarantine as qmod
+from mjoin.lake.layout import Lake
+from mjoin.model.query import load_query
+from mjoin.runtime.resources import Resources
+
 NAME = "quarantine"
 HELP = "quarantined files and rows of a query: list them, show one, replay a fixed file or rows as a new arrival"
 DESCRIPTION = """Files rejected whole by a rule of the landing contract (unreadable, missing_key,
@@ -34,12 +40,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.lake import quarantine as qmod
-    from mjoin.commands import UserError
-    from mjoin.lake.layout import Lake
-    from mjoin.model.query import load_query
-    from mjoin.runtime.resources import Resources
-
     query = load_query(args.query)
     lake = Lake(args.lake or Resources.from_env().lake, args.namespace)
     try:

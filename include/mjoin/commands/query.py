@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from mjoin.model.query import list_queries, load_query
+
 NAME = "query"
 HELP = "validate a query spec and show its join graph and attribute classes"
 DESCRIPTION = """Validate a query spec (YAML path or a name from include/queries/) and print
@@ -16,8 +18,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.model.query import list_queries, load_query
-
     if args.list or not args.spec:
         for name in list_queries():
             print(name)

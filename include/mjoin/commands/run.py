@@ -3,6 +3,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+
+import pyarrow.parquet as pq
+
+from mjoin.commands import UserError
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.runs import run_interval, run_stream
+from mjoin.engine.state import StateStore
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import RegistryError
+from mjoin.model.query import load_query
+from mjoin.model.timeutil import parse_duration
+from mjoin.optimizer.calibrate import COST_MODEL_FILE
+from mjoin.optimizer.cost import CostModel, CostModelError
+from mjoin.optimizer.psp import slices_for
+from mjoin.runtime.resources import Resources
+from mjoin.runtime.spark import get_spark
 
 NAME = "run"
 HELP = "run the multi-way stream join (interval evaluation, or --stream)"
@@ -68,7 +86,6 @@ def add_arguments(p):
 def _idle_timeout(text: str) -> float:
     if text.strip().lower() in ("never", "inf", "none"):
         return float("inf")
-    from mjoin.model.timeutil import parse_duration
 
     try:
         v = parse_duration(text)
@@ -83,12 +100,9 @@ def _psp_slices(args) -> int:
     """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.optimizer.psp.slices_for)."""
     value = str(getattr(args, "psp_slices", "auto") or "auto")
     if value != "auto":
-        from mjoin.commands import UserError
-
         if not value.isdigit() or int(value) < 1:
             raise UserError(f"--psp-slices must be a whole number >= 1 or auto, not {value!r}")
         return int(value)
-    from mjoin.model.query import load_query
 
     try:
         query = load_query(args.query)
@@ -96,9 +110,6 @@ def _psp_slices(args) -> int:
         return 4
     if not query.band_classes:
         return 4
-    from mjoin.engine.state import StateStore
-    from mjoin.lake.layout import Lake
-    from mjoin.optimizer.psp import slices_for
 
     lake = Lake(args.lake, getattr(args, "namespace", "") or "")
     latest = StateStore(lake.state(query.name)).latest() if args.stream else None
@@ -109,12 +120,9 @@ def _psp_slices(args) -> int:
         files = lake.stream_files(s.source)
         arrivals = lake.arrivals(s.source)
         if files and len(arrivals) > 1:
-            import pyarrow.parquet as pq
-
             rows = sum(pq.read_metadata(f).num_rows for f in files[-50:])
             span = max(arrivals[-1] - arrivals[max(len(arrivals) - 50, 0)], 1)
             lam[s.name] = rows / span
-    import os
 
     return slices_for(query, lam, cores=os.cpu_count() or 2, **_measured_costs(lake, query))
 
@@ -122,11 +130,6 @@ def _psp_slices(args) -> int:
 def _measured_costs(lake, query) -> dict:
     """T_j measured on this lake: the calibrated cost model's alpha_m (seconds per matched state tuple, fitted
     to the engine's own metrics by ``mjoin calibrate`` / the loop), when there is one; else Eq. 5's defaults."""
-    import json
-
-    from mjoin.lake import fsutil
-    from mjoin.optimizer.calibrate import COST_MODEL_FILE
-    from mjoin.optimizer.cost import CostModel, CostModelError
 
     path = fsutil.join(lake.plans(query.name), COST_MODEL_FILE)
     try:
@@ -137,8 +140,6 @@ def _measured_costs(lake, query) -> dict:
 
 
 def config_from(args):
-    from mjoin.engine.config import EngineConfig
-
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
                         idle_timeout=getattr(args, "idle_timeout", None),
@@ -148,8 +149,6 @@ def config_from(args):
 
 def check_interval_args(args) -> None:
     """An interval run's required options, checked before anything starts (a UserError names them)."""
-    from mjoin.commands import UserError
-
     if args.stream:
         return
     missing = [f"--{n}" for n, v in (("from", args.start), ("to", args.end), ("cycle", args.cycle),
@@ -160,13 +159,6 @@ def check_interval_args(args) -> None:
 
 def execute(spark, args):
     """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
-    from mjoin.commands import UserError
-    from mjoin.engine.config import EngineError
-    from mjoin.engine.runs import run_interval, run_stream
-    from mjoin.lake.layout import Lake
-    from mjoin.model.query import load_query
-    from mjoin.lake.registry import RegistryError
-
     query = load_query(args.query)
     try:
         config = config_from(args)
@@ -186,10 +178,6 @@ def execute(spark, args):
 
 
 def run(args) -> int:
-    from mjoin.runtime.resources import Resources
-    from mjoin.runtime.spark import get_spark
-
-    from mjoin.model.query import load_query
 
     check_interval_args(args)  # usage errors before Spark's ~10 s start
     load_query(args.query)

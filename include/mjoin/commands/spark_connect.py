@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 
+from mjoin.commands import UserError
+from mjoin.runtime.connect_server import DEFAULT_DIR, DEFAULT_PORT, ConnectServerError, start, status, stop
+
 NAME = "spark-connect"
 HELP = "start, stop or check a local Spark Connect server (a warm Spark session for the DAGs' statistics)"
 DESCRIPTION = """A DAG run's statistics cost ~1-2 s of Spark work, but a fresh spark-submit adds ~10 s
@@ -19,8 +22,6 @@ Python workers; its log is in <dir>/server.log."""
 
 
 def add_arguments(p):
-    from mjoin.runtime.connect_server import DEFAULT_DIR, DEFAULT_PORT
-
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT})")
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"state and log folder (default {DEFAULT_DIR})")
@@ -29,9 +30,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.runtime.connect_server import ConnectServerError, start, status, stop
-
     try:
         if args.action == "start":
             info = start(args.dir, args.port, driver_memory=args.driver_memory)

@@ -3,6 +3,16 @@ from __future__ import annotations
 
 import json
 
+from mjoin.commands import UserError
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry
+from mjoin.model.plan import load_plan
+from mjoin.model.query import load_query
+from mjoin.model.timeutil import parse_duration, parse_time
+from mjoin.runtime.spark import SparkConnectUnavailable, get_spark
+from mjoin.stats.job import METHODS, MODES, StatsConfig, run_statistics
+from mjoin.stats.sketch import SketchConfig
+
 NAME = "stats"
 HELP = "compute per-cycle stream/edge statistics of an interval into the history (Spark)"
 DESCRIPTION = """Compute, for every statistics cycle [T, T+tau) in [--from, --to), lambda, kappa and
@@ -18,8 +28,6 @@ Exit 2 for bad arguments (interval not a whole number of cycles, unknown query, 
 
 
 def add_arguments(p):
-    from mjoin.stats.job import METHODS, MODES, StatsConfig
-
     p.add_argument("--query", required=True, help="query spec path or name")
     p.add_argument("--lake", help="lake root (default $MJOIN_LAKE or <project>/.lake)")
     p.add_argument("--namespace", default="", help="lake namespace for the output (e.g. eval/<run>)")
@@ -59,10 +67,6 @@ def add_arguments(p):
 
 
 def _partitioning(args, query, lake):
-    from mjoin.commands import UserError
-    from mjoin.model.plan import load_plan
-    from mjoin.lake.registry import PlanRegistry
-
     if args.partitioning:
         try:
             rule = json.loads(args.partitioning)
@@ -80,14 +84,6 @@ def _partitioning(args, query, lake):
 
 
 def run(args) -> int:
-    from mjoin.commands import UserError
-    from mjoin.lake.layout import Lake
-    from mjoin.model.query import load_query
-    from mjoin.stats.sketch import SketchConfig
-    from mjoin.runtime.spark import SparkConnectUnavailable, get_spark
-    from mjoin.stats.job import StatsConfig, run_statistics
-    from mjoin.model.timeutil import parse_duration, parse_time
-
     query = load_query(args.query)
     lake = Lake(args.lake, args.namespace) if args.lake else Lake.default().with_namespace(args.namespace)
     try:

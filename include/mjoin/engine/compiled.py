@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from mjoin.model.plan import PlanError
+
 MICROS = 1_000_000
 
 
@@ -157,8 +159,6 @@ class CompiledPlan:
         plan.validate(query)
         use_prefilter = plan.prefilter if prefilter is None else bool(prefilter)
         if use_prefilter and not query.single_class:
-            from mjoin.model.plan import PlanError
-
             raise PlanError(f"the SMJ prefilter needs a single attribute class; {query.name} has "
                             f"{len(query.attribute_classes)}")
         chains = {}

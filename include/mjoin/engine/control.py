@@ -23,6 +23,7 @@ against its start time so a recycled pid does not count); a dead process is ``de
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -32,9 +33,9 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+from mjoin.engine.config import EngineError
 from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso, parse_time
-from mjoin.engine.config import EngineError
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0
@@ -115,8 +116,6 @@ class Claim:
 
     def release(self) -> None:
         if self._fd is not None:
-            import fcntl
-
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
@@ -266,8 +265,6 @@ class JobControl:
         return Claim(self, claim_info, fd)
 
     def _lock(self) -> int | None:
-        import fcntl
-
         fsutil.makedirs(self.root)
         path = fsutil.resolve(self.lock_path)[1]
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

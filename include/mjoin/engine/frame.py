@@ -26,6 +26,7 @@ the input layout leaves out the three reject columns (``input_ddl(eq, rejects=Fa
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql.types import _parse_datatype_string
 
 from mjoin.engine.compiled import EngineQuery, key_name, payload_name
 
@@ -90,8 +91,6 @@ def frame_ddl(eq: EngineQuery) -> list[tuple[str, str]]:
 
 def spark_schema(ddl: list[tuple[str, str]]):
     """A layout as a Spark StructType, from one DDL string (one JVM parse, not one per column)."""
-    from pyspark.sql.types import _parse_datatype_string
-
     return _parse_datatype_string(", ".join(f"`{n}` {t}" for n, t in ddl))
 
 

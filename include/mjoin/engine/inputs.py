@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import logging
 
+from mjoin.engine.compiled import CompiledPlan
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import Plan, PlanError, load_plan, make_plan, orders_from_permutation
 from mjoin.model.query import Query, load_query
-from mjoin.engine.compiled import CompiledPlan
 
 log = logging.getLogger(__name__)
 

@@ -21,25 +21,30 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import fs as pafs
+from pyspark import StorageLevel
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, StructField, StructType
 
+from mjoin.engine.batch import BatchInput, BatchRunner
+from mjoin.engine.compiled import MICROS, key_name
+from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.frame import arrow_input_schema, to_layout
+from mjoin.engine.inputs import as_lake, as_query, compile_plan
+from mjoin.engine.metrics import shuffle_bytes, write_jsonl
+from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
+                                    punctuation_rows, write_quarantine)
+from mjoin.engine.pipelined import run_pipelined
+from mjoin.engine.routing import route_local
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.lake import fsutil
 from mjoin.lake.contract import Seen
 from mjoin.model.timeutil import iso, to_micros
-from mjoin.engine.batch import BatchInput, BatchRunner
-from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
-from mjoin.engine.routing import route_local
-from mjoin.engine.compiled import MICROS
-from mjoin.engine.config import EngineConfig, EngineError
-from mjoin.engine.inputs import as_lake, as_query, compile_plan
-from mjoin.engine.metrics import shuffle_bytes, write_jsonl
-from mjoin.engine.frame import arrow_input_schema, to_layout
-from mjoin.engine.pipelined import run_pipelined
-from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
-                        punctuation_rows, write_quarantine)
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +137,6 @@ class IntervalInput:
     not_read: dict = field(default_factory=dict)
 
     def valid(self):
-        from pyspark.sql import functions as F
-
         if self.frame is None or "_reason" not in self.frame.columns:  # no row can be rejected (normalize_streams)
             return self.frame
         return self.frame.where(F.col("_reason").isNull())
@@ -141,8 +144,6 @@ class IntervalInput:
     def rejected_counts(self) -> dict:
         """batch -> stream -> reason -> rows rejected (one Spark job; the engine's tasks report these
         themselves, the spark-native baseline asks here), the rejected files in batch 1."""
-        from pyspark.sql import functions as F
-
         counts: dict = {}
         if self.frame is not None and "_reason" in self.frame.columns:
             for r in self.frame.where(F.col("_reason").isNotNull()).groupBy("_batch", "_s", "_reason").count().collect():
@@ -166,8 +167,6 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
     ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches. ``driver_rows``
     > 0: when the accepted files hold at most that many rows (footers) and the driver reads their streams
     as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark."""
-    from pyspark.sql import functions as F
-
     t0 = time.perf_counter()
     start_us, end_us = to_micros(start), to_micros(end)
     cycle_us = int(round(float(cycle) * MICROS))
@@ -275,9 +274,7 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
     already sorted by key."""
     if data.local is not None:
         return route_interval_local(runner, data)
-    from pyspark.sql import functions as F
 
-    from mjoin.engine.compiled import key_name
 
     rejects = data.frame is None or "_reason" in data.frame.columns  # else no reject columns (normalize_streams)
     routed = runner.ticks(list(range(0, data.n_batches + 1)), rejects=rejects)
@@ -286,8 +283,6 @@ def route_interval(runner: BatchRunner, data: IntervalInput):
     spark_layout, arrow_layout = runner.input_layout(rejects)
     rows = _punctuation_table(runner, data, arrow_layout)
     if rows is not None:
-        from pyspark.sql.types import IntegerType, StructField, StructType
-
         schema = StructType(list(spark_layout.fields) + [StructField("_batch", IntegerType(), True)])
         routed = routed.unionByName(runner.spark.createDataFrame(rows, schema=schema))
     key = "CASE _c " + " ".join(f"WHEN {i} THEN {key_name(c)}" for i, c in enumerate(runner.eq.classes)) + " END"
@@ -298,9 +293,6 @@ def route_interval_local(runner: BatchRunner, data: IntervalInput) -> pa.Table:
     """:func:`route_interval` on the driver: ``data.local`` routed (:func:`route_local`, with every batch's
     ticks), the punctuations, sorted by (batch, class, bucket, stream, key) as Spark sorts each partition
     (stable; NULLs first)."""
-    import pyarrow.compute as pc
-
-    from mjoin.engine.compiled import key_name
 
     eq, schema = runner.eq, runner.arrow_input_schema
     parts = [route_local(data.local, eq, runner.config.buckets, schema, runner.config.psp_slices,
@@ -321,8 +313,6 @@ def sort_order(columns: list) -> pa.Array:
     gives it: where each column's range (and one code for NULL) fits, all packed into one int64 code and
     sorted once (numpy's stable sort: ~2x faster than Arrow's five-key sort on the interval's ~700 k rows);
     else Arrow's sort on the columns."""
-    import pyarrow.compute as pc
-
     n = len(columns[0]) if columns else 0
     codes, bits = [], 0
     for col in columns:
@@ -349,9 +339,6 @@ def sort_order(columns: list) -> pa.Array:
 def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cycle) -> Prepared:
     """:func:`read_interval`, then route every batch's rows (accepted ones to their key buckets, rejected
     ones for the tasks to quarantine, and the bucket ticks) once: one Spark job."""
-    from dataclasses import fields
-
-    from pyspark import StorageLevel
 
     t0 = time.perf_counter()
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
@@ -376,8 +363,6 @@ def warm_up(runner: BatchRunner, compiled, prepared: Prepared) -> dict:
 
 def copy_state(src: BatchRunner, dst: BatchRunner) -> None:
     """Give ``dst`` the committed state of ``src`` (the shared warm-up of several plans)."""
-    from pyarrow import fs as pafs
-
     sfs, sp = fsutil.resolve(src.store.root)
     dfs, dp = fsutil.resolve(dst.store.root)
     fsutil.remove(dst.store.root)
@@ -407,8 +392,6 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     reads their streams as Spark would (:func:`local_supported`), the same rows are read, batched and
     routed on the driver (pyarrow, numpy) and :func:`mjoin.engine.pipelined.run_pipelined` runs the same task
     function on threads: no Spark job (``extra.execution = "fused-driver"``). Either at 0: always Spark."""
-    from pyspark import StorageLevel
-
     t_run = time.perf_counter()
     cfg = runner.config
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle,

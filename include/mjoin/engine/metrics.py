@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import subprocess
+
+import numpy as np
 
 from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
 
 BATCH_FILE = re.compile(r"^batch=(\d+)\.json$")
 JSONL = "metrics.jsonl"
@@ -33,20 +38,13 @@ def write_jsonl(metrics_dir: str, records: list[dict]) -> str:
 
 
 def _jsonable(o):
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(o, np.generic):
+        return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def _metrics_dir(path_or_lake, query) -> str:
     if query is not None:
-        from mjoin.lake.layout import Lake
-
         lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
         return lake.metrics(query if isinstance(query, str) else query.name)
     return str(path_or_lake)
@@ -142,8 +140,6 @@ def stage_times(spark, job_group: str, detail: bool = False) -> list[dict]:
 
 def git_commit(cwd) -> str | None:
     """The commit a benchmark ran (recorded with its results), or None outside a git checkout."""
-    import subprocess
-
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=cwd).stdout.strip() or None
@@ -152,7 +148,5 @@ def git_commit(cwd) -> str | None:
 
 
 def machine() -> dict:
-    import platform
-
     return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform(), "load_average": list(os.getloadavg())}

@@ -25,20 +25,25 @@ import re
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
-from mjoin.lake import fsutil
-from mjoin.model.timeutil import iso
-from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import MICROS, EngineQuery, key_name
 from mjoin.engine.config import EngineConfig, EngineError
-from mjoin.engine.frame import arrow_frame_schema
+from mjoin.engine.frame import arrow_frame_schema, frame_ddl, sql_type
 from mjoin.engine.inputs import as_lake, as_query
 from mjoin.engine.interval import RunSummary, clear_outputs, read_interval
-from mjoin.engine.normalize import add_counts
 from mjoin.engine.metrics import shuffle_bytes, write_jsonl, write_record
+from mjoin.engine.normalize import add_counts
 from mjoin.engine.results import write_parquet
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
+from mjoin.engine.stream import StreamSummary
+from mjoin.lake import fsutil
+from mjoin.model.eventtime import event_time_sql, spark_kind
+from mjoin.model.timeutil import iso
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +60,6 @@ def join_chain(eq: EngineQuery, sources: dict):
     """Spark's chained stream-stream inner joins in the canonical (written) order.
     ``sources``: stream -> streaming DataFrame with :func:`native_columns` and ``<s>__t`` (event time,
     with a watermark)."""
-    from pyspark.sql import functions as F
-
     first = eq.streams[0]
     joined, df = [first], sources[first]
     for r in eq.streams[1:]:
@@ -131,8 +134,6 @@ def write_batch_results(df, results_root: str, batch_id: int, eq: EngineQuery) -
 
 def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, config: EngineConfig | None = None):
     """The interval of :func:`mjoin.engine.runs.run_interval` through Spark's chained stream-stream joins."""
-    from pyspark.sql import functions as F
-
     config = config or EngineConfig()
     query = as_query(query)
     eq = EngineQuery.from_query(query)
@@ -153,7 +154,6 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
         valid = data.valid()
         table = None if valid is None else valid.select(
             "_s", "_batch", "_ts", *[key_name(c) for c in eq.classes], *eq.all_payload_columns).toArrow()
-        import numpy as np
 
         s_col = np.asarray(table.column("_s").to_numpy(zero_copy_only=False)) if table is not None else None
         b_col = np.asarray(table.column("_batch").to_numpy(zero_copy_only=False)) if table is not None else None
@@ -171,8 +171,6 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
         input_seconds = time.perf_counter() - t_write
         sources = {}
         for s in eq.streams:
-            from pyspark.sql.types import StructType
-
             schema = StructType.fromDDL(", ".join(f"`{n}` {t}" for n, t in _ddl(eq, s)))
             df = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
                   .parquet(fsutil.join(work, "input", s)))
@@ -254,18 +252,12 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
 
 
 def _ddl(eq: EngineQuery, stream: str):
-    from mjoin.engine.frame import frame_ddl
-
     types = dict(frame_ddl(eq))
     return [(n, types[f]) for n, f in native_columns(eq, stream)]
 
 
 def _stream_sources_join(spark, query, lake):
     """The baseline's join over the landed files of ``lake`` (streaming sources with the spec's schema)."""
-    from pyspark.sql import functions as F
-
-    from mjoin.model.eventtime import event_time_sql, spark_kind
-    from mjoin.engine.frame import sql_type
 
     eq = EngineQuery.from_query(query)
     sources = {}
@@ -292,8 +284,6 @@ def run_native_stream(spark, query, lake, *, trigger="availableNow", interval=No
 
     Assumes clean input: a file Spark cannot read fails the query (mjoin quarantines it), and rows
     with a NULL or non-integral key or no event time are filtered out (not quarantined)."""
-    from mjoin.engine.stream import StreamSummary
-
     query = as_query(query)
     lake = as_lake(lake)
     eq = EngineQuery.from_query(query)

@@ -22,19 +22,26 @@ whole job.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
+from datetime import date, datetime
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
 
-from mjoin.lake import contract, fsutil
-from mjoin.model import eventtime
-from mjoin.runtime.pools import shared_pool
 from mjoin.engine.compiled import EngineQuery, key_name, payload_name
-from mjoin.engine.frame import sql_type
-
+from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, arrow_schema, payload_slots, spark_schema,
+                                sql_type)
+from mjoin.engine.results import write_parquet
+from mjoin.lake import contract, fsutil
+from mjoin.model import eventtime, punctuation as pmod
+from mjoin.runtime.pools import shared_pool
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.lake.contract)
 ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
@@ -430,8 +437,6 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     A file whose data does not read in a task is left out and reported through an accumulator
     (``inspected.reports``): after the Spark job that ran the input, :meth:`Inspected.collect_unreadable`
     quarantines it as ``unreadable``, as the driver path does. None when there is no file."""
-    from mjoin.engine.frame import arrow_schema, spark_schema
-
     groups = [(name, fschema, list(paths), inspected.can_reject(name, paths, late_before))
               for name, fschema, paths in _groups(inspected)]
     if not groups:
@@ -444,8 +449,6 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     chunks = scan_chunks(weights, tasks)
     ddl = scan_ddl(eq, {g[0] for g in groups}, any(g[3] for g in groups))
     if inspected.reports is None:
-        import uuid
-
         inspected.reports, inspected.token = _reports(spark.sparkContext), uuid.uuid4().hex
     fn = _scan_task(query, eq, groups, chunks, arrow_schema(ddl), late_before, inspected.reports, inspected.token)
     return spark.range(0, len(chunks), 1, len(chunks)).mapInArrow(fn, spark_schema(ddl))
@@ -461,8 +464,6 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
     """Rejected rows (reason, file, the row as JSON) under ``quarantine/<query>/<stream>/rows/batch=<B>/``
     and rejected files in ``.../files-batch=<B>.json``. ``counts``: stream -> reason -> rows; with
     ``batch_id`` None the frame carries a ``_batch`` column (interval runs)."""
-    from pyspark.sql import functions as F
-
     streams = [s for s, reasons in counts.items() if any(n for r, n in reasons.items() if r in ROW_REASONS)]
     total = sum(n for s in streams for r, n in counts[s].items() if r in ROW_REASONS)
     if streams:
@@ -487,8 +488,6 @@ def write_quarantine(frame, counts: dict, rejects: list, out_lake, query_name: s
 def write_file_rejects(quarantine_root: str, rejects: list, batch_id: int) -> None:
     """The rejected files (``rejects``: :meth:`FileReject.to_json` of each) in
     ``<quarantine_root>/<stream>/files-batch=<B>.json``, one file per stream (replaced)."""
-    import json
-
     by_stream: dict = {}
     for r in rejects:
         by_stream.setdefault(r["stream"], []).append(r)
@@ -498,9 +497,6 @@ def write_file_rejects(quarantine_root: str, rejects: list, batch_id: int) -> No
 
 
 def _write_quarantine_rows(table: pa.Table, out_lake, query_name: str, eq: EngineQuery) -> None:
-    import numpy as np
-
-    from mjoin.engine.results import write_parquet
 
     s_col = np.asarray(table.column("_s").to_numpy(zero_copy_only=False))
     b_col = np.asarray(table.column("batch").to_numpy(zero_copy_only=False))
@@ -544,8 +540,6 @@ def _micros(arr: pa.ChunkedArray, kind: str) -> pa.Array:
 
 def _spark_string(v) -> str:
     """A value as Spark's CAST(... AS STRING) writes it in the quarantine's row JSON."""
-    from datetime import date, datetime
-
     if isinstance(v, datetime):
         text = v.replace(tzinfo=None).isoformat(sep=" ")
         return text.rstrip("0").rstrip(".") if "." in text else text
@@ -567,9 +561,6 @@ def raw_json_array(table: pa.Table) -> pa.Array:
     (where ``str(Decimal)`` never uses an exponent) as Arrow's string cast, which writes them as Python does;
     other columns formatted once per distinct value; the braces added by Arrow too. (Per row in Python it was
     ~15 ms of a micro-batch.)"""
-    import json
-
-    import pyarrow.compute as pc
 
     parts = []  # per column: ',"name":"value"', or "" where NULL
     for name in table.column_names:
@@ -606,8 +597,6 @@ READ_THREADS = 4
 def _read_file(path: str, schema: pa.Schema) -> pa.Table:
     """One file's columns ``schema.names``, as ``schema`` (the group's declared columns; a file may order its
     columns otherwise, have others, or declare a column NOT NULL that another file of the group does not)."""
-    import pyarrow.parquet as pq
-
     fs, p = fsutil.resolve(path)
     with fs.open_input_file(p) as fh:
         t = pq.ParquetFile(fh).read(columns=schema.names, use_threads=False)
@@ -643,8 +632,6 @@ def read_group(paths: list, schema: pa.Schema) -> tuple[pa.Table, np.ndarray, li
 def _cast_payload(src: pa.ChunkedArray, target: pa.DataType, owner: np.ndarray) -> pa.Array:
     """A payload column cast to its slot's type; where the cast of the whole column fails, file by file (``owner``:
     the file of each row), a file whose values do not all convert getting NULLs (the per-file rule)."""
-    import pyarrow.compute as pc
-
     safe = not pa.types.is_timestamp(target)
     try:
         return pc.cast(src, target, safe=safe)
@@ -676,9 +663,6 @@ def normalize_arrow(query, eq: EngineQuery, name: str, fschema: pa.Schema, paths
     False: no row of these files can be rejected, by their footers, so the three are NULL, as the SQL path's
     union gives them). The one copy of the rules in Arrow: :func:`normalize_local` (the driver) and
     :func:`scan_streams` (Spark's tasks) both call it."""
-    import pyarrow.compute as pc
-
-    from mjoin.engine.frame import arrow_frame_schema
 
     frame = arrow_frame_schema(eq)
     stream = query.stream(name)
@@ -747,8 +731,6 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
     one table (:func:`normalize_arrow`: the per-file rules, the event time's conversion by the group's type,
     ``_file`` from each row's file); a file whose data does not read is quarantined whole (``unreadable``:
     :meth:`Inspected.unreadable`) and the others are read."""
-    from mjoin.engine.frame import arrow_input_schema, payload_slots
-
     schema = arrow_input_schema(eq)
     slot_of = {name: slot for pairs in payload_slots(eq)[1].values() for name, slot in pairs}
     parts = []
@@ -777,9 +759,6 @@ def punctuation_rows(query, eq: EngineQuery, landed: list, buckets: int, schema:
     event-time promises (stream -> micros: no later tuple before it), and the files that could not be
     read (``FileReject``, reason ``bad_punctuation``). ``batch_of(path, arrival) -> batch or None`` adds a
     ``_batch`` column (interval runs; None drops the file)."""
-    import numpy as np
-
-    from mjoin.model import punctuation as pmod
 
     by_source: dict = {}
     for s in query.streams:

@@ -31,15 +31,19 @@ is exactly ``max(ts) - ts_i < W_i`` for every member (ALGORITHMS.md, "Notation")
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from mjoin.model.keygroups import group_of
 from mjoin.engine.compiled import CompiledPlan, EngineQuery, key_name
 from mjoin.engine.frame import delta_columns
+from mjoin.model.keygroups import group_of
+from mjoin.model.punctuation import covered, merged_ranges
 
 EMPTY = np.zeros(0, dtype=np.int64)
 KIND_TICK, KIND_DELTA, KIND_PARTIAL, KIND_REJECT, KIND_PUNCT, KIND_PROBE = 0, 1, 2, 3, 4, 5
@@ -253,8 +257,6 @@ class SegmentRun:
 def within_band(a, b, width: float) -> np.ndarray:
     """``|a - b| <= width`` per row of two Arrow arrays (NULL: False), in the columns' own arithmetic:
     exact for integers and decimals (as the SQL reference), floating point for doubles."""
-    import pyarrow.compute as pc
-
     if isinstance(a, pa.ChunkedArray):
         a = a.combine_chunks()
     if isinstance(b, pa.ChunkedArray):
@@ -263,8 +265,6 @@ def within_band(a, b, width: float) -> np.ndarray:
         a, b = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())
         w = pa.scalar(float(width))
     elif pa.types.is_decimal(a.type) or pa.types.is_decimal(b.type):
-        from decimal import Decimal
-
         w = pa.scalar(Decimal(repr(float(width))))
     else:
         a, b = pc.cast(a, pa.int64()), pc.cast(b, pa.int64())
@@ -479,8 +479,6 @@ def _promise_schema(attr_class: str) -> pa.Schema:
 
 
 def _intervals(rows: KeyedRows | None):
-    from mjoin.model.punctuation import merged_ranges
-
     if rows is None or len(rows) == 0:
         return EMPTY, EMPTY
     return merged_ranges(rows.key, rows.keys_of("_hi"))
@@ -490,8 +488,6 @@ def _dead_mask(keys: np.ndarray, promised: dict, states: dict, exclude: str | No
     """Which ``keys`` no future result can have: promised away by some stream s (``promised``: s ->
     disjoint intervals) that holds no tuple with the key any more (``states``: s -> its state);
     ``exclude``: the stream whose tuples these keys are (its own promise says nothing about its tuples)."""
-    from mjoin.model.punctuation import covered
-
     out = np.zeros(len(keys), dtype=bool)
     for s, (lo, hi) in promised.items():
         if s == exclude or len(lo) == 0 or len(keys) == 0:
@@ -502,8 +498,6 @@ def _dead_mask(keys: np.ndarray, promised: dict, states: dict, exclude: str | No
 
 def _reject_table(ctx: BucketContext, rows: KeyedRows, stream: str, idx: np.ndarray, reason: str) -> pa.Table:
     """Tuples of the state layout to quarantine (the row as JSON of its time, keys and payload)."""
-    import json
-
     part = rows.take_rows(idx).to_pylist()
     raw = [json.dumps({k: (v if not hasattr(v, "isoformat") else v.isoformat()) for k, v in r.items()}, default=str)
            for r in part]
@@ -732,7 +726,6 @@ def process_bucket(ctx: BucketContext, attr_class: str, bucket: int, rows: pa.Ta
                 continue
             drop = _dead_mask(d.key, promised, old, exclude=j)
             if j in promised:  # its own tuples after its promise: counted, joined as they are
-                from mjoin.model.punctuation import covered
 
                 punct["violations"] += int(covered(d.key, *promised[j]).sum())
             if drop.any():

@@ -37,7 +37,6 @@ from mjoin.engine.state import StateWriter, file_key, load_state
 from mjoin.engine.tasks import driver_stage, partition_id, read_parts, rejects_by_stream, spark_stage, split_rejects
 from mjoin.lake import fsutil
 
-
 #: a pipelined run on the driver uses more than one thread only when its batches average this many stage-1 rows
 #: (sf 1 seed query, 604 k rows: one thread ran the operator in 4.4-5.0 s against 5.8-6.2 s on two at 360
 #: batches of 10 s, 0.7-0.9 s against 1.3-1.4 s at 60 batches of 60 s, ~10 k rows a batch)

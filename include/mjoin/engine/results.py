@@ -17,15 +17,18 @@ and the overlapping ranges of its batches, :func:`clear_batches`). The quarantin
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
 
 BATCH_DIR = re.compile(r"^batch=(\d+)$")
 RANGE_DIR = re.compile(r"^batches=(\d+)-(\d+)$")
@@ -42,8 +45,6 @@ def range_name(first: int, last: int) -> str:
 
 def write_parquet(path: str, table: pa.Table, mtime_ms: int | None = None) -> None:
     """Write ``table`` as one Parquet file, atomically (replaces an earlier attempt's file)."""
-    import os
-
     with fsutil.atomic_output(path) as sink:  # straight to the file: no copy of the encoded bytes in memory
         pq.write_table(table, sink, compression="zstd")
     if mtime_ms is not None and not fsutil.is_url(path):
@@ -119,8 +120,6 @@ def _results_dir(path_or_lake, query) -> str:
     if isinstance(path_or_lake, tuple):
         path_or_lake, query = path_or_lake
     if query is not None:
-        from mjoin.lake.layout import Lake
-
         lake = path_or_lake if isinstance(path_or_lake, Lake) else Lake(str(path_or_lake))
         return lake.results(query if isinstance(query, str) else query.name)
     return str(path_or_lake)
@@ -199,8 +198,6 @@ def fingerprint_tables(tables) -> dict:
     engine's result schema first). Each row is hashed on its own, so any split of the rows into tables
     gives the same sum; integer columns are hashed as float64 (NULL as NaN) whether or not a table has
     a NULL in them (pandas would type them by what each table holds)."""
-    import pandas as pd
-
     rows, total = 0, 0
     for t in tables:
         if not t.num_rows:

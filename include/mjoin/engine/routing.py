@@ -2,7 +2,6 @@
 its (class, bucket) groups: the numpy counterpart of :meth:`mjoin.engine.batch.BatchRunner.route_frame`."""
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 

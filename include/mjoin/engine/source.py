@@ -40,7 +40,12 @@ import os
 import re
 from dataclasses import dataclass
 
+from pyarrow import fs as pafs
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
+
 from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +153,6 @@ class FileLog:
 def discover(lake, sources: list[str], flog: FileLog, recheck_seconds: float) -> list[FileEntry]:
     """List the sources' arrival folders, log the files not seen before (ordered by arrival epoch,
     then the sources' order, then path) and return them."""
-    from pyarrow import fs as pafs
-
     found = []
     for rank, source in enumerate(sources):
         root = lake.streams(source)
@@ -188,9 +191,6 @@ def discover(lake, sources: list[str], flog: FileLog, recheck_seconds: float) ->
 # ---- the PySpark data source ------------------------------------------------------------------
 
 def _pyspark_classes():
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
-
     class FilesPartition(InputPartition):
         def __init__(self, rows):
             self.rows = rows
@@ -199,8 +199,6 @@ def _pyspark_classes():
         """Offsets are positions in the file log (runs in Spark's Python source runner process)."""
 
         def __init__(self, options):
-            from mjoin.lake.layout import Lake
-
             self.lake = Lake(options["lake"])
             self.sources = json.loads(options["sources"])
             self.checkpoint = options["checkpoint"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 #: session settings every engine job runs with: a fixed physical plan per batch (no AQE
 #: re-planning, which in the trial decided which state escaped a shuffle and inverted the
 #: optimizer's ranking), no join reordering, and nanosecond Parquet timestamps readable.

@@ -39,10 +39,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from pyarrow import fs as pafs
 
-from mjoin.lake import fsutil
-from mjoin.model.timeutil import iso
 from mjoin.engine.config import EngineError
 from mjoin.engine.operator import KeyedRows
+from mjoin.lake import fsutil
+from mjoin.model.timeutil import iso
 
 log = logging.getLogger(__name__)
 MANIFEST = re.compile(r"^v(\d{8})\.json$")

@@ -29,20 +29,22 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from mjoin.lake import contract, fsutil
-from mjoin.model.plan import PlanError
-from mjoin.lake.registry import PlanRegistry, RegistryError
-from mjoin.model.timeutil import iso
+from pyspark import StorageLevel
+
 from mjoin.engine.batch import BatchInput, BatchRunner
-from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.compiled import CompiledPlan
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.control import JobControl, Watcher
 from mjoin.engine.inputs import as_lake, as_plan, as_query
 from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
-                        punctuation_rows, write_quarantine)
+                                    punctuation_rows, write_quarantine)
 from mjoin.engine.source import FileLog, batch_offsets, file_log_dir, source_frame
+from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.watermark import Watermarks
+from mjoin.lake import contract, fsutil
+from mjoin.lake.registry import PlanRegistry, RegistryError
+from mjoin.model.plan import PlanError
+from mjoin.model.timeutil import iso
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +288,6 @@ class StreamJob:
         """One micro-batch: the files' contract checks on the driver, then one Spark job (read, normalise,
         route, one exchange, the operator; rejected rows are written to the quarantine by the tasks),
         a further one per class change of the plan, then the commit."""
-        from pyspark import StorageLevel
-
         spark, eq, runner = self.spark, self.eq, self.runner
         t0 = time.perf_counter()
         entries = self.batch_entries(df, batch_id)

@@ -33,6 +33,22 @@ import logging
 import statistics as stats_mod
 import time
 from dataclasses import dataclass, field
+from itertools import permutations
+from math import factorial
+
+from mjoin.evaluation.evaluate import RECIPES
+from mjoin.forecast.holt import ForecastConfig, forecast, last_value
+from mjoin.gates.config import GateConfig
+from mjoin.gates.forecast import check_forecast
+from mjoin.gates.plan import check_plan
+from mjoin.gates.stats import check_statistics
+from mjoin.lake import fsutil
+from mjoin.lake.layout import Lake
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.optimizer.cost import plan_cost, resolve_cost_model
+from mjoin.optimizer.strategies import optimize
+from mjoin.stats.history import read_history, snapshot
+from mjoin.stats.job import run_statistics
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +96,6 @@ class CycleLoop:
     """One replay of the loop over the cycles of an interval, for several initial orders and strategies."""
 
     def __init__(self, query, settings: LoopSettings, initial_orders: list):
-        from mjoin.optimizer.cost import resolve_cost_model
-        from mjoin.evaluation.evaluate import RECIPES
-        from mjoin.gates.config import GateConfig
-        from mjoin.model.plan import make_plan, orders_from_permutation
-
         unknown = [s for s in settings.strategies if s not in RECIPES]
         if unknown:
             raise ValueError(f"unknown strategies {unknown} (known: {', '.join(RECIPES)})")
@@ -112,8 +123,6 @@ class CycleLoop:
     def record_batch(self, oracle_stats=None) -> None:
         """The plans that run the next batch: every strategy's active one, the oracle's from the batch's own
         statistics (``oracle_stats``; none yet: its active plan)."""
-        from mjoin.optimizer.strategies import optimize
-
         oracle_key = None
         if oracle_stats is not None and "oracle" in self.settings.strategies:
             oracle_key = self._keep(optimize(self.query, oracle_stats, "exact", cost_model=self.model))
@@ -127,11 +136,6 @@ class CycleLoop:
         """Cycle ``[cycle_start, cycle_start + tau)`` has landed and its statistics are in ``history`` (tidy rows of
         the last L cycles up to it): gate, forecast, gate, and per strategy optimize and gate. Returns the cycle's
         record (seconds per step, gate outcomes, deploys)."""
-        from mjoin.forecast.holt import ForecastConfig, forecast, last_value
-        from mjoin.gates.forecast import check_forecast
-        from mjoin.gates.stats import check_statistics
-        from mjoin.optimizer.strategies import optimize
-
         q, cfg, tau = self.query, self.gate_config, self.settings.cycle
         end = cycle_start + tau
         rec = {"cycle_start": cycle_start, "seconds": {"statistics": stats_seconds}, "strategies": {}}
@@ -157,7 +161,6 @@ class CycleLoop:
             t = time.perf_counter()
             lv = last_value(history, end, length=self.settings.length)
             rec["seconds"]["last_value"] = time.perf_counter() - t
-        from mjoin.evaluation.evaluate import RECIPES
 
         gate_cache: dict = {}  # (statistics source, candidate, active) -> GateResult, shared by the strategies
         for name in self.settings.strategies:
@@ -206,9 +209,6 @@ class CycleLoop:
 
     def _gate(self, cand, active_key, st):
         """Gate 4 on ``cand`` against the active plan ``active_key``, both costed under ``st`` (the hysteresis)."""
-        from mjoin.optimizer.cost import plan_cost
-        from mjoin.gates.plan import check_plan
-
         q = self.query
         return check_plan(q, cand, active=self.plans[active_key], config=self.gate_config,
                           cost_fn=lambda p: plan_cost(q, st, p, self.model))
@@ -230,11 +230,6 @@ def replay(spark, query, lake, start: float, end: float, settings: LoopSettings,
     one active after cycle k-1 (batch 0: the initial order). ``reuse_history``: the history under ``history_root``
     already holds these cycles (another replay's): read them instead of running the statistics job (the
     statistics' seconds are then not recorded)."""
-    from mjoin.lake import fsutil
-    from mjoin.lake.layout import Lake
-    from mjoin.stats.history import read_history, snapshot
-    from mjoin.stats.job import run_statistics
-
     tau = settings.cycle
     lake = lake if isinstance(lake, Lake) else Lake(str(lake))
     n = int(round((end - start) / tau))
@@ -366,9 +361,6 @@ def covering_orders(streams) -> list[tuple]:
     """A smallest set of initial orders (permutations) whose fixed plans run every probe order of every stream:
     each stream's induced orders (the permutation without it) are all distinct, so (n-1)! permutations cover
     the (n-1)! orders of each stream (for 4 streams: 6 runs instead of 24). Backtracking, lexicographic."""
-    from itertools import permutations
-    from math import factorial
-
     streams = list(streams)
     need = factorial(len(streams) - 1)
     perms = list(permutations(streams))

@@ -34,9 +34,24 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.interval import run_interval_plans
+from mjoin.engine.metrics import read_metrics
+from mjoin.evaluation.report import write_evaluation_report
+from mjoin.forecast import holt as forecast_mod
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.model.keygroups import num_groups
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.query import load_query
+from mjoin.model.statistics import aggregate_rows
 from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.optimizer.cost import GroupOverhead, plan_cost, resolve_cost_model
+from mjoin.optimizer.partitioning import Cells, optimize_partitioned
+from mjoin.optimizer.strategies import optimize
+from mjoin.stats.cells import cell_map, history_for_rule, regroup_rows
+from mjoin.stats.history import CELL_KINDS, HistoryError, history_root, read_cells, read_history
+from mjoin.stats.job import StatsConfig, run_statistics
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +126,6 @@ def intervals(cfg: EvalConfig) -> list[tuple]:
 def check_has_data(cfg: EvalConfig, query=None) -> dict:
     """``{source: files}`` landed with arrival in ``[start, end)``; a range where no stream landed anything
     raises :class:`EvaluationError` naming what the lake holds (an all-zero report would look like a result)."""
-    from mjoin.model.query import load_query
-
     query = query or load_query(cfg.query)
     lake = Lake(cfg.lake)
     t0, t1 = parse_time(cfg.start).timestamp(), parse_time(cfg.end).timestamp()
@@ -135,8 +148,6 @@ def plan_signature(plan) -> str:
 
 def _stats_inputs(query, history, t, t_end, cfg: EvalConfig, forecast_mod):
     """(forecast, last_value, oracle, note) statistics for the interval starting at ``t``."""
-    from mjoin.model.statistics import aggregate_rows
-
     before = history[history["cycle_start"] < t] if len(history) else history
     inside = history[(history["cycle_start"] >= t) & (history["cycle_start"] < t_end)] if len(history) else history
     oracle = aggregate_rows(inside.to_dict("records"), kind="measured") if len(inside) else None
@@ -151,13 +162,9 @@ def _stats_inputs(query, history, t, t_end, cfg: EvalConfig, forecast_mod):
 def build_plans(query, cfg: EvalConfig, order, fc, lv, oracle, cost_model, *, partitioned=None) -> tuple[dict, dict]:
     """``({strategy: Plan}, {strategy: why it fell back})`` for one interval and one initial order.
     ``partitioned``: ``{strategy: callable() -> Plan}`` for the PMJoin strategies (:func:`partitioned_plans`)."""
-    from mjoin.optimizer.strategies import optimize
-
     plans, notes = {}, {}
     fixed = optimize(query, fc or oracle, "fixed", initial_order=order, cost_model=cost_model) if (fc or oracle) else None
     if fixed is None:
-        from mjoin.model.plan import make_plan, orders_from_permutation
-
         fixed = make_plan(query, orders_from_permutation(query, order), "fixed")
     for name in cfg.strategies:
         optimizer, source = RECIPES[name]
@@ -183,13 +190,6 @@ def partitioned_plans(query, cfg: EvalConfig, root: str, t, t_end, cost_model, b
     """``{strategy: callable() -> (Plan or None, note)}`` of the PMJoin strategies for the interval ``[t, t_end)``:
     key groups chosen on the per-cell statistics of the period before ``t`` (``exact_pmjoin``, orders from the
     forecast of the chosen groups) or of the interval itself (``oracle_pmjoin``, orders from its own statistics)."""
-    from mjoin.forecast import holt as forecast_mod
-    from mjoin.optimizer.cost import GroupOverhead
-    from mjoin.optimizer.partitioning import optimize_partitioned
-    from mjoin.optimizer.partitioning import Cells
-    from mjoin.stats.cells import history_for_rule
-    from mjoin.stats.history import CELL_KINDS, HistoryError, read_cells
-
     overhead = GroupOverhead.for_model(cost_model, batch_seconds=cfg.batch, buckets=buckets)
 
     def cells_of(a, b) -> dict:
@@ -249,15 +249,6 @@ def _work(metrics: list[dict]) -> dict:
 
 def evaluate(spark, cfg: EvalConfig) -> EvalResult:
     """Run the evaluation described in the module docstring; writes the table and the report."""
-    from mjoin.forecast import holt as forecast_mod
-    from mjoin.optimizer.cost import plan_cost, resolve_cost_model
-    from mjoin.engine.config import EngineConfig
-    from mjoin.engine.metrics import read_metrics
-    from mjoin.engine.interval import run_interval_plans
-    from mjoin.model.query import load_query
-    from mjoin.stats.history import history_root, read_history
-    from mjoin.stats.job import run_statistics
-
     t_begin = time.perf_counter()
     query = load_query(cfg.query)
     check_has_data(cfg, query)
@@ -271,8 +262,6 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
 
     # 1. statistics over the whole range once (they do not depend on plans)
     if not cfg.reuse_stats:
-        from mjoin.stats.job import StatsConfig
-
         run_statistics(spark, query, lake_in, hist_start, cfg.end, cfg.cycle, out=root,
                        config=StatsConfig(mode=cfg.stats_mode))
     history = read_history(root, query.name, start=hist_start, end=cfg.end)
@@ -323,7 +312,6 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
     result = EvalResult(rows=rows, summary=summary, report_dir=report_dir, seconds=time.perf_counter() - t_begin,
                         series=series, meta={"config": asdict(cfg), "query": query.name, "history_root": root,
                               "intervals": [[iso(a), iso(b)] for a, b in spans], "cost_model": model.to_json()})
-    from mjoin.evaluation.report import write_evaluation_report
 
     write_evaluation_report(result, history=history, query=query)
     return result
@@ -335,10 +323,6 @@ def _as_groups(stats, plan, root, query, t, t_end, which):
     into its groups (None where there are no cells)."""
     if stats is None or not plan.partitioning:
         return stats
-    from mjoin.model.statistics import aggregate_rows
-    from mjoin.stats.cells import cell_map, regroup_rows
-    from mjoin.stats.history import CELL_KINDS, read_cells
-    from mjoin.model.keygroups import num_groups
 
     if which == "before":
         return None  # the forecast of this plan's groups is not kept: its estimated cost is left empty

@@ -10,6 +10,8 @@ import json
 import logging
 import os
 
+import pandas as pd
+
 from mjoin.lake import fsutil
 
 log = logging.getLogger(__name__)
@@ -18,6 +20,8 @@ COST = "probe_work"  # the deterministic cost the report ranks by (lookups + mat
 
 
 def _plt():
+    # imported on the first plot, not at the top: matplotlib.pyplot takes ~1-2 s to import, and the report's
+    # tables (and the UI page that reads them) need no plot
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,8 +32,6 @@ def _plt():
 
 def write_evaluation_report(result, history=None, query=None) -> str:
     """Write everything under ``result.report_dir``; returns the HTML path."""
-    import pandas as pd
-
     out = result.report_dir
     fsutil.makedirs(out)
     local = None if fsutil.is_url(out) else out
@@ -95,8 +97,6 @@ def _plot_regret(summary, out) -> str | None:
 
 
 def _plot_series(series, out) -> str | None:
-    import pandas as pd
-
     if not series:
         return None
     plt = _plt()

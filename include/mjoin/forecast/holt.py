@@ -37,6 +37,7 @@ re-optimization within a few seconds.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -45,8 +46,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from mjoin.forecast.bound import ForecastBound
+from mjoin.lake.fsutil import atomic_write_text
 from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
 from mjoin.model.timeutil import iso, parse_time
 
@@ -130,9 +133,6 @@ class ForecastResult:
         return doc
 
     def save(self, path):
-        import json
-
-        from mjoin.lake.fsutil import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_json(), indent=1, allow_nan=False))
         return path
@@ -149,13 +149,13 @@ def _clean(v):
 
 
 def _z(level: float) -> float:
-    from scipy.stats import norm
-
     return float(norm.ppf(0.5 + level / 2))
 
 
 def _holt(y: np.ndarray, damped: bool, horizon: int, config: ForecastConfig):
     """Fit Holt; ``(forecast, sigma_h, warnings list)``; raises on failure."""
+    # imported here, not at the top: statsmodels takes ~1.5-3 s to import, and every process that reads a
+    # forecast (the forecast gate, the plan gate, the evaluation) imports this module without fitting one
     from statsmodels.tsa.holtwinters import Holt
 
     with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):

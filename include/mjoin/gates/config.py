@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from mjoin.model.timeutil import parse_duration
-from mjoin.lake.contract import DEFAULT_POSITIONAL
 from mjoin.forecast.bound import SPREADS, ForecastBound
+from mjoin.lake.contract import DEFAULT_POSITIONAL
+from mjoin.model.timeutil import parse_duration
 
 
 class GateConfigError(ValueError):

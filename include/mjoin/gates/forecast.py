@@ -14,14 +14,15 @@ import numpy as np
 import pandas as pd
 
 from mjoin.forecast.bound import MAD_TO_SIGMA, spread_of
-from mjoin.model.schemas import SchemaError
-from mjoin.model.statistics import ROW_COLUMNS, Statistics, StatisticsError
 from mjoin.gates.base import GateRun
 from mjoin.gates.config import GateConfig
-from mjoin.gates.frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, recorded_groups, tidy_frame, where_label
+from mjoin.gates.frames import (UNKNOWN, coverage_frame, groups_of, mark_expected_groups, recorded_groups, tidy_frame,
+                                where_label)
 from mjoin.gates.result import GateResult
-from mjoin.gates.suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite, forecast_plausibility_suite,
-                     forecast_values_suite, history_columns_suite)
+from mjoin.gates.suites import (EDGE_FIELDS, STREAM_FIELDS, coverage_suite, forecast_document_suite,
+                                forecast_plausibility_suite, forecast_values_suite, history_columns_suite)
+from mjoin.model.schemas import SchemaError
+from mjoin.model.statistics import ROW_COLUMNS, Statistics, StatisticsError
 
 __all__ = ["MAD_TO_SIGMA", "spread_of", "load_forecast", "plausibility_frame", "check_forecast"]
 

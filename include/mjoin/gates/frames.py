@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mjoin.model.timeutil import iso
+from mjoin.gates.config import GateConfigError
 from mjoin.gates.suites import EDGE_FIELDS, REQUIRED_COLUMNS, STREAM_FIELDS
+from mjoin.model.keygroups import num_groups
+from mjoin.model.timeutil import iso
 
 FIELDS = STREAM_FIELDS + EDGE_FIELDS
 
@@ -29,9 +31,6 @@ UNKNOWN = _Unknown()
 def groups_of(partitioning) -> list[int]:
     """The key group ids a partitioning defines: a rule (:mod:`mjoin.model.keygroups`; ``None`` or ``{}`` = no
     partitioning, one group 0), a number of groups, a list of group ids, or a Plan (its partitioning)."""
-    from mjoin.model.keygroups import num_groups
-    from mjoin.gates.config import GateConfigError
-
     if hasattr(partitioning, "orders") and hasattr(partitioning, "partitioning"):  # a mjoin.model.plan.Plan
         partitioning = partitioning.partitioning
     try:

@@ -21,6 +21,7 @@ failure itself.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import string
@@ -28,7 +29,10 @@ import threading
 from typing import Iterable
 
 from mjoin.gates.result import FAILED, MAX_VALUES, Failure
+from mjoin.model.timeutil import iso
 
+# great_expectations is imported inside the functions that use it, not at the top: it takes ~2.5-8 s to
+# import, and every gate module (so every step of the loop, and the CLI's gate commands) imports this one.
 
 WHERE, ROW_ID = "where", "row_id"
 _lock = threading.Lock()
@@ -127,8 +131,6 @@ def _run(vd, batch_parameters: dict, result_format: dict):
     nothing else writes to this process's ephemeral context) and the results store (the caller owns the result;
     storing then dropping it cost ~25 ms per validation). The result, its ``meta`` included, is what ``run``
     returns (GX 1.x ``ValidationDefinition.run``; the gates tests compare the two)."""
-    import datetime
-
     from great_expectations.constants import DATAFRAME_REPLACEMENT_STR
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.validator.v1_validator import Validator
@@ -274,8 +276,6 @@ def _plain(v):
         except (ValueError, TypeError):
             return str(v)
     if hasattr(v, "isoformat") and v == v:
-        from mjoin.model.timeutil import iso
-
         try:
             return iso(v)
         except (TypeError, ValueError):

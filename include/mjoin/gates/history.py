@@ -11,6 +11,8 @@ import pandas as pd
 
 from mjoin.lake import fsutil
 from mjoin.model.statistics import ROW_COLUMNS, Statistics
+from mjoin.model.timeutil import iso
+from mjoin.stats.history import read_history as read_parquet_history
 
 
 def read_history(path, query_name: str | None = None) -> pd.DataFrame:
@@ -19,8 +21,6 @@ def read_history(path, query_name: str | None = None) -> pd.DataFrame:
     A Parquet history comes with its cycles' metadata in ``attrs["cycles"]`` (the partitioning each
     cycle was computed with: the statistics and forecast gates expect its key groups); JSON
     snapshots that name a partitioning record it the same way."""
-    from mjoin.stats.history import read_history as read_parquet_history
-
     path = str(path)
     if not fsutil.exists(path):
         raise FileNotFoundError(f"{path}: no statistics history there")
@@ -34,8 +34,6 @@ def read_history(path, query_name: str | None = None) -> pd.DataFrame:
 
 
 def _from_snapshots(paths) -> pd.DataFrame:
-    from mjoin.model.timeutil import iso
-
     snaps = [Statistics.load(p) for p in sorted(paths)]
     frame = pd.DataFrame([r for s in snaps for r in s.to_rows()], columns=list(ROW_COLUMNS))
     # a snapshot's partitioning None may mean "none" or "not said" (hand-made): recorded only when set

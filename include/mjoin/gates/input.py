@@ -39,21 +39,23 @@ import math
 import os
 from collections import defaultdict
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.lake import fsutil
-from mjoin.lake.contract import FileFacts, Seen, file_size, footer_fingerprint, to_epoch_seconds, type_problem
-from mjoin.lake.contract import inspect as inspect_file
-from mjoin.model.timeutil import cycles as cycle_starts
-from mjoin.model.timeutil import iso, parse_duration, parse_time
 from mjoin.gates.base import GateRun
+from mjoin.gates.bounds import count_limit, row_alpha, rows_floor, tolerated_share
 from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
+from mjoin.gates.input_spark import scan_with_spark
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import input_cycles_suite, input_files_suite
+from mjoin.lake import fsutil
+from mjoin.lake.contract import (FileFacts, Seen, file_size, footer_fingerprint, inspect as inspect_file,
+                                 to_epoch_seconds, type_problem)
+from mjoin.model.timeutil import cycles as cycle_starts, iso, parse_duration, parse_time
 
 # ---- schema --------------------------------------------------------------------------------
 
@@ -125,8 +127,6 @@ def strptime_pattern(spark_pattern: str) -> str | None:
 def parse_event_times(arr, spark_pattern: str) -> np.ndarray:
     """Epoch seconds (NaN for NULL or unparseable, as Spark's ``try_to_timestamp``) of strings in a Spark
     datetime pattern, parsed with DuckDB; a pattern without a zone is read as UTC (the Spark session's)."""
-    import duckdb
-
     fmt = strptime_pattern(spark_pattern)
     if fmt is None:
         raise ValueError(f"the pattern {spark_pattern!r} has no strptime equivalent")
@@ -395,8 +395,6 @@ def judge_rows(rows: list[dict], history: dict, cfg: GateConfig, quiet: set) -> 
     ``<kind>_limit`` (the most bad rows its checked rows may hold at the stream's tolerated share
     ``<kind>_share``, from ``<kind>_basis``: history, cap or config) and ``min_rows`` (rows it must hold).
     Bonferroni over all rows: each is judged at (1 - fraction_confidence) / len(rows)."""
-    from mjoin.gates.bounds import count_limit, row_alpha, rows_floor, tolerated_share
-
     alpha = row_alpha(cfg.fraction_confidence, len(rows))
     for r in rows:
         h = history[r["stream"]]
@@ -455,8 +453,6 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
                         "fingerprint": summaries[p]["fingerprint"]} for _, p in files]
         dups = find_duplicates(candidates, cfg.positional_file_names)
         if use_spark:
-            from mjoin.gates.input_spark import scan_with_spark
-
             # one Spark scan per set of usable columns (and their types): a multi-file read needs one schema
             batches = defaultdict(list)
             for p, x in summaries.items():

@@ -15,6 +15,11 @@ import math
 import os
 from urllib.parse import unquote, urlparse
 
+from pyspark.sql import functions as F
+
+from mjoin.runtime.spark import get_spark
+from mjoin.stats.sources import event_time_sql
+
 
 def _norm(path: str) -> str:
     """A comparable form of a local path or a ``file:`` URI as Spark's input_file_name() writes it."""
@@ -33,13 +38,9 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
     read (None: all, for an ``expr`` that may use any)."""
     if not paths or (not keys and not timed):
         return {}
-    from pyspark.sql import functions as F
 
-    from mjoin.stats.sources import event_time_sql
 
     if spark is None:
-        from mjoin.runtime.spark import get_spark
-
         spark = get_spark("mjoin-gate-input")
     df = spark.read.parquet(*paths)
     if columns is not None:

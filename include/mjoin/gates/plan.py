@@ -19,12 +19,14 @@ from typing import Callable, Mapping
 
 import pandas as pd
 
-from mjoin.model.plan import Plan, PlanError
-from mjoin.model.schemas import SchemaError
 from mjoin.gates.base import GateRun
-from mjoin.gates.config import GateConfig, GateConfigError
+from mjoin.gates.config import GateConfig
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import plan_document_suite, plan_orders_suite
+from mjoin.lake.fsutil import read_text
+from mjoin.model.plan import Plan, PlanError
+from mjoin.model.schemas import SchemaError
+from mjoin.optimizer.cost import plan_cost
 
 CostFn = Callable[[Plan], float]
 
@@ -35,8 +37,6 @@ def load_candidate(ref) -> tuple[Plan | None, str | None, dict]:
         return ref, None, ref.to_json()
     doc = ref
     if isinstance(ref, (str, os.PathLike)):
-        from mjoin.lake.fsutil import read_text
-
         text = read_text(ref)  # FileNotFoundError: the caller's mistake, not a gate failure
         try:
             doc = json.loads(text)
@@ -67,16 +67,7 @@ def _cost(cost_fn: CostFn | None, plan: Plan) -> tuple[float, str | None]:
 def model_cost_fn(query, stats, cost_model=None) -> CostFn:
     """``cost_fn`` costing a plan with the project's cost model under ``stats`` (ALGORITHMS.md, Eq. 1-8).
 
-    Uses ``mjoin.optimizer.cost.plan_cost(query, stats, plan[, cost_model])`` (the optimizer team's module);
-    raises :class:`GateConfigError` when that module is not installed yet."""
-    try:
-        from mjoin.optimizer import cost as cost_module  # noqa: F401  (written concurrently by the optimizer team)
-    except ImportError:
-        raise GateConfigError("costing plans needs the cost model mjoin.optimizer.cost, which this build does not have; "
-                              "pass cost_fn= or omit the statistics to compare recorded estimated_cost") from None
-    plan_cost = getattr(cost_module, "plan_cost", None)
-    if plan_cost is None:
-        raise GateConfigError("mjoin.optimizer.cost has no plan_cost(query, stats, plan, cost_model) function")
+    Uses :func:`mjoin.optimizer.cost.plan_cost`."""
     if cost_model is None:
         return lambda p: plan_cost(query, stats, p)
     return lambda p: plan_cost(query, stats, p, cost_model)

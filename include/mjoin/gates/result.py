@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from typing import Any
 
+from mjoin.lake.fsutil import atomic_write_text
+from mjoin.model.timeutil import iso
+
 PASSED, FAILED, NO_CHANGE = "passed", "failed", "no_change"
 STATUSES = (PASSED, FAILED, NO_CHANGE)
 #: how many failing values a Failure keeps (the GX result holds the same sample)
@@ -138,8 +141,6 @@ class GateResult:
         return json.dumps(self.to_json(), indent=indent, allow_nan=False)
 
     def save(self, path) -> None:
-        from mjoin.lake.fsutil import atomic_write_text
-
         atomic_write_text(path, self.dumps())
 
     @classmethod
@@ -168,8 +169,6 @@ def jsonable(obj: Any):
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in obj]
     if isinstance(obj, datetime):
-        from mjoin.model.timeutil import iso
-
         if obj != obj:  # pandas NaT
             return None
 

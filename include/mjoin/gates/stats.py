@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mjoin.model.statistics import ROW_COLUMNS
-from mjoin.model.timeutil import cycles as cycle_starts
-from mjoin.model.timeutil import iso, parse_duration, parse_time
 from mjoin.gates.base import GateRun
 from mjoin.gates.config import GateConfig
-from mjoin.gates.frames import UNKNOWN, coverage_frame, groups_of, mark_expected_groups, missing_columns, recorded_groups, tidy_frame, to_cycle
+from mjoin.gates.frames import (UNKNOWN, coverage_frame, groups_of, mark_expected_groups, missing_columns,
+                                recorded_groups, tidy_frame, to_cycle)
 from mjoin.gates.result import GateResult
-from mjoin.gates.suites import columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite, stats_values_suite
+from mjoin.gates.suites import (columns_suite, coverage_suite, stats_cycles_suite, stats_history_suite,
+                                stats_values_suite)
+from mjoin.model.statistics import ROW_COLUMNS
+from mjoin.model.timeutil import cycles as cycle_starts, iso, parse_duration, parse_time
 
 
 class StatisticsGateError(ValueError):

@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import sys
 
+from mjoin.gates.config import GateConfig
 from mjoin.gates.gxengine import expect, make_suite
 from mjoin.gates.result import NO_CHANGE
+from mjoin.model.query import load_query
 
 STREAM_FIELDS = ("lambda", "kappa", "window_tuples")
 EDGE_FIELDS = ("gamma", "mu")
@@ -388,9 +390,6 @@ def plan_orders_suite(query, cfg):
 
 def _register_all():
     """Build every suite once with defaults so EXPECTATIONS lists every name (used by the docs test)."""
-    from mjoin.model.query import load_query
-    from mjoin.gates.config import GateConfig
-
     q, cfg = load_query("tpcds_returns_by_address"), GateConfig()
     for fn in (input_files_suite, stats_values_suite, stats_cycles_suite, stats_history_suite,
                forecast_values_suite, forecast_plausibility_suite, plan_orders_suite):

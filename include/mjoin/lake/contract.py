@@ -24,10 +24,14 @@ its state, so it survives restarts; the gate fills it from the interval and its 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
+import os
 import re
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -449,8 +453,6 @@ SETTLED_NS = 2_000_000_000
 def file_stamps(paths: list) -> list:
     """``(size, modification time in ns, inode or None)`` of each file (None: not found or not known): ``os.stat``
     for local paths, one listing call per remote filesystem for the URLs."""
-    import os
-
     out: list = [None] * len(paths)
     remote: dict = {}
     for i, path in enumerate(paths):
@@ -486,9 +488,6 @@ class FootersCache:
     Least recently used entries go first beyond ``capacity`` (``MJOIN_FOOTERS_CACHE``, 0: off)."""
 
     def __init__(self, capacity: int):
-        import threading
-        from collections import OrderedDict
-
         self.capacity = capacity
         self._facts: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
@@ -504,8 +503,6 @@ class FootersCache:
 
     def get(self, key) -> FileFacts | None:
         """A copy of the facts remembered under ``key`` (callers may change theirs), or None."""
-        import dataclasses
-
         with self._lock:
             facts = self._facts.get(key)
             if facts is None:
@@ -516,8 +513,6 @@ class FootersCache:
         return dataclasses.replace(facts)
 
     def put(self, key, facts: FileFacts) -> None:
-        import dataclasses
-
         with self._lock:
             self._facts[key] = dataclasses.replace(facts)
             self._facts.move_to_end(key)
@@ -531,8 +526,6 @@ class FootersCache:
 
 
 def _cache_capacity() -> int:
-    import os
-
     try:
         return max(0, int(os.environ.get("MJOIN_FOOTERS_CACHE", "50000")))
     except ValueError:

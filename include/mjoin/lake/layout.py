@@ -22,7 +22,11 @@ import os
 import re
 from dataclasses import dataclass
 
+from pyarrow import fs as pafs
+
 from mjoin.lake import fsutil
+from mjoin.model.punctuation import FILE
+from mjoin.runtime.resources import Resources
 
 ARRIVAL = re.compile(r"^arrival=(\d+)$")
 
@@ -38,8 +42,6 @@ class Lake:
 
     @classmethod
     def default(cls) -> "Lake":
-        from mjoin.runtime.resources import Resources
-
         return cls(Resources.from_env().lake)
 
     def _ns(self, *parts) -> str:
@@ -72,16 +74,12 @@ class Lake:
     def landed_kind(name: str) -> str | None:
         """What a file of an arrival folder is to the engine: ``data`` (Parquet), ``punctuation``
         (:mod:`mjoin.model.punctuation`), or None (not landed input: ignored)."""
-        from mjoin.model.punctuation import FILE
-
         return "data" if name.endswith(".parquet") else "punctuation" if FILE.match(name) else None
 
     def landed(self, source: str) -> list[tuple[int, str, str]]:
         """``[(arrival epoch, path, kind)]`` of every landed file of ``source`` (:meth:`landed_kind`), by arrival
         then name, from one recursive listing of the source (not one per arrival folder): the one selection
         :meth:`stream_files` and :meth:`punctuation_files` are made of."""
-        from pyarrow import fs as pafs
-
         fs, root = fsutil.resolve(self.streams(source))
         root = root.rstrip("/") + "/"
         out = []

@@ -37,6 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mjoin.engine.metrics import read_metrics
+from mjoin.engine.normalize import add_counts
+from mjoin.engine.results import batch_folders
 from mjoin.lake import fsutil
 from mjoin.lake.contract import inspect
 from mjoin.model.timeutil import iso
@@ -105,8 +108,6 @@ def rejected_rows(lake, query_name: str, stream: str, columns=None, *, with_fold
     a pipelined run's ``rows/batches=<F>-<L>/`` with a ``batch`` column; a batch's own folder wins): ``batch``
     (int64), then ``columns`` (default ``reason``, ``file``, ``row``), with ``with_folder`` the folder that
     holds each row (an entry's ``path``)."""
-    from mjoin.engine.results import batch_folders
-
     columns = list(columns or ("reason", "file", "row"))
     rows_dir = fsutil.join(lake.quarantine(query_name, stream), "rows")
     folders = batch_folders(rows_dir, committed_only=False)
@@ -286,9 +287,6 @@ def summary(items: list[Entry]) -> dict:
 def job_report(lake, query_name: str, after_batch: int | None = None) -> dict:
     """What the join job quarantined in its batches after ``after_batch`` (from its metrics): counts per
     stream and reason, the rejected files with their rules, and the newest batch read."""
-    from mjoin.engine.metrics import read_metrics
-    from mjoin.engine.normalize import add_counts
-
     try:
         records = read_metrics(lake, query_name)
     except (OSError, ValueError):

@@ -3,19 +3,23 @@ generated workload), the input gate once the interval's cycles are complete, and
 what the statistics job wrote (the join and statistics jobs themselves are spark-submit tasks of the DAG)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import re
 import time
-from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 
+from mjoin.gates.input import check_input as input_gate, first_arrival
+from mjoin.gates.stats import check_statistics as statistics_gate
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
-from mjoin.model.timeutil import iso, parse_duration, parse_time
-from mjoin.loop.config import LoopConfig, NoChange, StepFailed, finish_gate, run_dir, stats_root, write_doc
+from mjoin.lake.quarantine import job_report
+from mjoin.lake.registry import PlanRegistry
+from mjoin.loop.config import LoopConfig, NoChange, StepFailed, finish_gate, interval_for, run_dir, stats_root, write_doc
+from mjoin.model.plan import make_plan, orders_from_permutation
+from mjoin.model.timeutil import iso, parse_time
+from mjoin.stats.history import list_cycles, read_history
+from mjoin.workloads.lander import land as land_workload
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,6 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
 
 def first_cycle(cfg: LoopConfig, query) -> datetime | None:
     """The first statistics cycle holding landed data of the query (its first arrival, up to the cycle grid)."""
-    from mjoin.gates.input import first_arrival
-
     a = first_arrival(query, Lake(cfg.lake))
     return None if a is None else parse_time(math.ceil(a / cfg.cycle - 1e-9) * cfg.cycle)
 
@@ -73,8 +75,6 @@ def first_cycle(cfg: LoopConfig, query) -> datetime | None:
 def _stats_from(cfg: LoopConfig, query, start: datetime, end: datetime, began: datetime) -> datetime:
     """Where the statistics job starts: ``start``, or earlier when the history lacks the cycles before it
     that the forecast gate needs (``min_history``), back to L cycles before ``end`` and the first landed one."""
-    from mjoin.stats.history import list_cycles
-
     need = cfg.gate_config().min_history
     lo = max(began, end - timedelta(seconds=cfg.length * cfg.cycle))
     if lo >= start:
@@ -90,9 +90,6 @@ def _stats_from(cfg: LoopConfig, query, start: datetime, end: datetime, began: d
 def _first_plan(cfg: LoopConfig, query, folder: str) -> str | None:
     """The plan the join uses: the registry's active plan, else the fixed order of
     ``initial_order`` (written to the run folder), else None (the engine's spec order)."""
-    from mjoin.model.plan import make_plan, orders_from_permutation
-    from mjoin.lake.registry import PlanRegistry
-
     reg = PlanRegistry(cfg.lake_, query.name)
     version = reg.active_version()
     if version is not None:
@@ -133,7 +130,6 @@ def land(cfg: LoopConfig, ctx: dict) -> dict:
                   "evaluation namespace: history is already in the lake" if cfg.namespace else
                   "no workload parameter: data lands by itself")
         raise NoChange(reason)
-    from mjoin.workloads.lander import land as land_workload
 
     res = land_workload(cfg.workload, Lake(cfg.lake), until=ctx["end"], since=ctx["start"])
     out = res.to_dict()
@@ -143,13 +139,11 @@ def land(cfg: LoopConfig, ctx: dict) -> dict:
 
 def check_input(cfg: LoopConfig, ctx: dict, *, clock=time.time, sleep=time.sleep) -> dict:
     """Gate 1 on complete cycles: first wait until the interval's last cycle is complete (:func:`await_cycles`)."""
-    from mjoin.gates.input import check_input as gate
-
     if ctx.get("skip"):
         raise NoChange(ctx["skip"])
     query = cfg.load_query()
     waited = None if lands_itself(cfg) else await_cycles(cfg, query, ctx["end"], clock=clock, sleep=sleep)
-    brief = finish_gate(gate(query, Lake(cfg.lake), ctx["start"], ctx["end"], cycle=cfg.cycle,
+    brief = finish_gate(input_gate(query, Lake(cfg.lake), ctx["start"], ctx["end"], cycle=cfg.cycle,
                               config=cfg.gate_config()), ctx, "input")
     out = {**brief, "completeness": waited}
     if ctx.get("mode") == "continuous":
@@ -161,8 +155,6 @@ def job_quarantine_since_last_run(cfg: LoopConfig, query_name: str, run_dir: str
     """Continuous mode: what the running join job quarantined (files by contract rule, rows by reason)
     since the previous run reported, from its batch metrics; written to ``job_quarantine.json`` of the
     run folder and logged (the job enforces the landing contract itself; the gate judged the files)."""
-    from mjoin.lake.quarantine import job_report
-
     lake = Lake(cfg.lake, cfg.namespace)
     marker = fsutil.join(lake.reports(query_name), "quarantine_reported.json")
     after = json.loads(fsutil.read_text(marker))["last_batch"] if fsutil.exists(marker) else None
@@ -220,15 +212,12 @@ def await_cycles(cfg: LoopConfig, query, end, *, clock=time.time, sleep=time.sle
 
 
 def read_stats_history(cfg: LoopConfig, query, start=None, end=None):
-    from mjoin.stats.history import read_history
-
     return read_history(stats_root(cfg), query.name, start=start, end=end)
 
 
 def check_statistics(cfg: LoopConfig, ctx: dict) -> dict:
-    from mjoin.gates.stats import check_statistics as gate
-
     query = cfg.load_query()
     start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
     history = read_stats_history(cfg, query, start=start, end=ctx["end"])
-    return finish_gate(gate(query, history, ctx["start"], ctx["end"], cfg.cycle, config=cfg.gate_config()), ctx, "stats")
+    result = statistics_gate(query, history, ctx["start"], ctx["end"], cfg.cycle, config=cfg.gate_config())
+    return finish_gate(result, ctx, "stats")

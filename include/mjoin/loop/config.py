@@ -2,18 +2,21 @@
 statistics cycles, its run folder, and the documents its steps write there (docs/orchestration.md)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import re
-import time
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
+from mjoin.gates.config import GateConfig
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.model.query import QuerySpecError, load_query
 from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS
+from mjoin.runtime.resources import Resources
+from mjoin.stats.history import history_root
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,6 @@ class LoopConfig:
             raise ValueError(f"gates must be an object of threshold overrides, not {values['gates']!r}")
         cfg = cls(**values, run_id=run_id, run_type=run_type)
         if not cfg.lake:
-            from mjoin.runtime.resources import Resources
-
             cfg.lake = Resources.from_env().lake
         if cfg.mode not in ("cycle", "continuous"):
             raise ValueError(f"mode {cfg.mode!r}: use cycle or continuous")
@@ -101,8 +102,6 @@ class LoopConfig:
     def _resolve_gates(self) -> None:
         """One improvement threshold: ``gates.improvement_threshold`` > the param > GateConfig's default.
         Validates every override (unknown keys and bad values raise GateConfigError, a ValueError)."""
-        from mjoin.gates.config import GateConfig
-
         gates = dict(self.gates or {})
         param = self.improvement_threshold
         if "improvement_threshold" not in gates and param is not None:
@@ -116,8 +115,6 @@ class LoopConfig:
         self.improvement_threshold = config.improvement_threshold
 
     def _check_partitioning(self) -> None:
-        from mjoin.optimizer.partitioning import METHODS
-
         if self.partition_method not in ("auto", "none") + METHODS:
             raise ValueError(f"partition_method {self.partition_method!r}: use auto, none or one of {', '.join(METHODS)}")
         g = str(self.partition_groups).strip()
@@ -128,8 +125,6 @@ class LoopConfig:
     def partition_search(self) -> tuple[tuple, tuple, bool] | None:
         """``(methods, counts, forced)`` the optimizer chooses key groups from; None: one group (no rule).
         ``forced``: a fixed ``D`` > 1 is used even where one group prices lower."""
-        from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS
-
         if self.partition_method == "none" or self.partition_groups == "1":
             return None
         methods = METHODS if self.partition_method == "auto" else (self.partition_method,)
@@ -138,8 +133,6 @@ class LoopConfig:
 
     def gate_config(self):
         """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
-        from mjoin.gates.config import GateConfig
-
         overrides = dict(self.gates or {})
         if "improvement_threshold" not in overrides and self.improvement_threshold is not None:
             overrides["improvement_threshold"] = self.improvement_threshold
@@ -154,8 +147,6 @@ class LoopConfig:
         return Lake(self.lake, self.namespace)
 
     def load_query(self):
-        from mjoin.model.query import load_query
-
         return load_query(self.query)
 
 
@@ -209,8 +200,6 @@ def read_optional(folder: str, name: str) -> dict:
 
 
 def stats_root(cfg: LoopConfig) -> str:
-    from mjoin.stats.history import history_root
-
     return history_root(cfg.lake_)
 
 
@@ -248,8 +237,6 @@ def lenient_config(params: dict, *, run_id: str = "", run_type: str = "manual") 
         except (KeyError, TypeError, ValueError):
             pass
     if not cfg.lake:
-        from mjoin.runtime.resources import Resources
-
         cfg.lake = Resources.from_env().lake
     if run_type == "backfill" and not cfg.namespace:
         cfg.namespace = BACKFILL_NAMESPACE
@@ -258,8 +245,6 @@ def lenient_config(params: dict, *, run_id: str = "", run_type: str = "manual") 
 
 def query_name(ref: str) -> str:
     """The spec's name, or (a spec that does not load) its reference made safe for a folder name."""
-    from mjoin.model.query import QuerySpecError, load_query
-
     try:
         return load_query(ref).name
     except (QuerySpecError, OSError, ValueError):

@@ -17,11 +17,15 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from mjoin.commands.evaluate import format_summary
 from mjoin.lake import fsutil
-from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
 from mjoin.lake.layout import Lake
-from mjoin.runtime.resources import PROJECT_DIR
+from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
+from mjoin.loop.config import LoopConfig, run_dir
+from mjoin.model.query import load_query
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime.resources import PROJECT_DIR
+from mjoin.workloads.tpcds_replay import generate_tpcds
 
 START = "2026-01-01T00:00:00Z"
 
@@ -51,7 +55,6 @@ def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycl
     period = period_minutes * 60
     start = parse_time(START)
 
-    from mjoin.workloads.tpcds_replay import generate_tpcds
 
     t = time.perf_counter()
     manifest = generate_tpcds(workload, sf=sf, duration=f"{periods * period}s", cycle=cycle, start=START, overwrite=True)
@@ -81,13 +84,10 @@ def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycl
         ev_conf = {"query": query, "lake": str(lake_dir), "start": START, "end": iso(start + timedelta(seconds=periods * period)),
                    "period": period, "cycle": cycle, "length": 60, "namespace": "eval/demo"}
         rc, secs = _dags_test(env, "mjoin_evaluate", iso(start + timedelta(seconds=periods * period)), ev_conf, log_path)
-        from mjoin.model.query import load_query
 
         folder = fsutil.join(Lake(str(lake_dir), "eval/demo").reports(load_query(query).name), "evaluation")
         summary_path = fsutil.join(folder, "summary.json")
         if rc == 0 and fsutil.exists(summary_path):
-            from mjoin.commands.evaluate import format_summary
-
             doc = json.loads(fsutil.read_text(summary_path))
             _say(f"mjoin_evaluate over {periods} intervals ({secs:.0f}s): every strategy on the same data")
             print(format_summary(doc["summary"]))
@@ -104,9 +104,6 @@ def run_demo(*, sf: float = 0.1, periods: int = 3, period_minutes: int = 2, cycl
 
 
 def _outcome(lake: Lake, query_ref: str, logical: str) -> dict | None:
-    from mjoin.model.query import load_query
-    from mjoin.loop.config import LoopConfig, run_dir
-
     name = load_query(query_ref).name
     path = fsutil.join(run_dir(LoopConfig(query=query_ref, lake=lake.root), name, logical), "outcome.json")
     return json.loads(fsutil.read_text(path)) if fsutil.exists(path) else None

@@ -2,19 +2,18 @@
 join job's batches run it (else roll back and fail)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta, timezone
 
+from mjoin.engine.control import JobControl
+from mjoin.engine.metrics import BATCH_FILE
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
-from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.lake.registry import PlanRegistry, RegistryError
 from mjoin.loop.config import LoopConfig, NoChange, StepFailed, pct, stats_root, write_doc
+from mjoin.model.plan import load_plan
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +23,6 @@ def deploy(cfg: LoopConfig, ctx: dict, plan_gate: dict) -> dict:
 
     Writes ``deploy.json`` (version, previous, activation time and, in continuous mode, the
     join job's last batch before the switch) for ``await_switch`` and ``record``."""
-    from mjoin.model.plan import load_plan
-    from mjoin.lake.registry import PlanRegistry
-
     if plan_gate.get("status") == "no_change":
         threshold = plan_gate.get("threshold")
         gain = plan_gate.get("improvement")
@@ -44,8 +40,6 @@ def deploy(cfg: LoopConfig, ctx: dict, plan_gate: dict) -> dict:
                "previous": plan_gate.get("active_version")}
     job = None
     if cfg.mode == "continuous":
-        from mjoin.engine.control import JobControl
-
         st = JobControl(cfg.lake_, query.name).status()
         job = {k: st.get(k) for k in ("running", "state", "last_batch_id", "plan_version")}
         if job["last_batch_id"] is None:  # no batch in this run of the job yet: the newest batch of earlier runs
@@ -59,16 +53,12 @@ def deploy(cfg: LoopConfig, ctx: dict, plan_gate: dict) -> dict:
 
 
 def _last_batch_id(lake: Lake, query_name: str):
-    from mjoin.engine.metrics import BATCH_FILE
-
     ids = [int(m.group(1)) for n in fsutil.listdir(lake.metrics(query_name)) if (m := BATCH_FILE.match(n))]
     return max(ids) if ids else None
 
 
 def _batches_after(lake: Lake, query_name: str, after) -> list[dict]:
     """The streaming job's metrics records of batches with id > ``after`` (none yet: [])."""
-    from mjoin.engine.metrics import BATCH_FILE
-
     folder = lake.metrics(query_name)
     out = []
     for name in fsutil.listdir(folder):  # [] while no batch has run (no folder yet)
@@ -82,8 +72,6 @@ def _batches_after(lake: Lake, query_name: str, after) -> list[dict]:
 
 
 def _mentions(error, version: int) -> bool:
-    import re
-
     return bool(error) and re.search(rf"\bv{int(version)}\b", str(error)) is not None
 
 
@@ -98,8 +86,6 @@ def await_switch(cfg: LoopConfig, ctx: dict, deployed: dict, poll: float = 5.0) 
 
     A rollback happens only while the deployed version is still active: a version activated
     in the meantime (by an operator or another run) is never undone."""
-    from mjoin.engine.control import JobControl
-
     if cfg.mode != "continuous":
         raise NoChange("cycle mode: the next cycle's join run uses the new plan")
     query = cfg.load_query()
@@ -139,8 +125,6 @@ def await_switch(cfg: LoopConfig, ctx: dict, deployed: dict, poll: float = 5.0) 
 
 
 def _rollback_and_fail(cfg: LoopConfig, ctx: dict, query_name: str, version: int, why: str, message: str):
-    from mjoin.lake.registry import PlanRegistry, RegistryError
-
     reg = PlanRegistry(cfg.lake_, query_name)
     out = {"version": version, "reason": why, "message": message}
     try:

@@ -2,19 +2,13 @@
 failed (each task's failure note)."""
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
-import re
-import time
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from mjoin.lake import fsutil
-from mjoin.lake.layout import Lake
-from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, write_doc
+from mjoin.model.timeutil import iso
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +39,6 @@ def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
     the active plan is what it was, or what ``active_version`` says), ``no_change``, ``dry_run``,
     ``skipped``. ``reason``: the first failed task's message (``reasons``: every failed task's), or why
     nothing was deployed. One ``outcome.json`` per run folder (see the module docstring)."""
-    from mjoin.lake.registry import PlanRegistry
-
     name = ctx.get("query") or query_name(cfg.query)
     folder = ctx["run_dir"]
     fsutil.makedirs(folder)

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 from mjoin.model.query import QUERIES_DIR
+from mjoin.runtime.jvm import jar_path
+from mjoin.runtime.resources import spark_remote_from_env
 
 #: the re-optimization period = the DAG schedule (minutes); one run covers [logical_date - PERIOD, logical_date)
 PERIOD_MINUTES = int(os.environ.get("MJOIN_PERIOD_MINUTES", "5"))
@@ -101,8 +103,6 @@ def spark_conf() -> dict:
     """``conf`` of every SparkSubmitOperator: the machine-sized shuffle, no UI, and mjoin's JVM class on the
     driver's class path when ``make setup`` built it (:mod:`mjoin.runtime.jvm`: the streaming join's checkpoint
     logs without a process fork per write)."""
-    from mjoin.runtime.jvm import jar_path
-
     conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
     jar = jar_path()
     if jar:
@@ -113,6 +113,4 @@ def spark_conf() -> dict:
 def spark_remote() -> str:
     """``MJOIN_SPARK_REMOTE`` (a Spark Connect URL) or ""; set, the DAGs run the statistics step in
     that server's warm session instead of a fresh spark-submit (mjoin.runtime.resources)."""
-    from mjoin.runtime.resources import spark_remote_from_env
-
     return spark_remote_from_env()

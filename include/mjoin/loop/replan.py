@@ -6,24 +6,33 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import re
 import time
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
+from mjoin.engine.config import EngineConfig
+from mjoin.engine.metrics import read_metrics
+from mjoin.forecast.holt import ForecastConfig, forecast as holt
+from mjoin.gates.forecast import check_forecast as forecast_gate
+from mjoin.gates.plan import check_plan as plan_gate
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
-from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, finish_gate, read_doc, stats_root, write_doc
+from mjoin.model.statistics import Statistics
+from mjoin.model.timeutil import iso, parse_time
+from mjoin.optimizer.calibrate import CalibrationError, calibrate_from_lake
+from mjoin.optimizer.cost import GroupOverhead, plan_cost
+from mjoin.optimizer.partitioning import Cells, optimize_partitioned, overhead_from_metrics
+from mjoin.optimizer.strategies import optimize as run_optimizer
+from mjoin.stats.cells import history_for_rule
+from mjoin.stats.effective import effective_statistics, engine_state_summary
+from mjoin.stats.history import CELL_KINDS, HistoryError, read_cells
 
 log = logging.getLogger(__name__)
 
 
 def active_rule(cfg: LoopConfig, query) -> dict | None:
     """The key-to-group rule of the active plan (None: one group, or no active plan)."""
-    from mjoin.lake.registry import PlanRegistry
-
     plan = PlanRegistry(cfg.lake_, query.name).active(query)
     return (plan.partitioning or None) if plan else None
 
@@ -31,15 +40,11 @@ def active_rule(cfg: LoopConfig, query) -> dict | None:
 def rule_history(cfg: LoopConfig, query, rule, end):
     """The last L cycles before ``end`` as statistics of ``rule``'s key groups (:func:`mjoin.stats.cells.
     history_for_rule`: cycles computed under another rule are re-aggregated from their per-cell statistics)."""
-    from mjoin.stats.cells import history_for_rule
-
     start = parse_time(end) - timedelta(seconds=cfg.length * cfg.cycle)
     return history_for_rule(stats_root(cfg), query.name, rule, start=start, end=end)
 
 
 def _rule_tag(rule) -> str:
-    import hashlib
-
     return "" if not rule else hashlib.sha1(json.dumps(rule, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -52,8 +57,6 @@ def forecast_path(ctx: dict, rule) -> str:
 
 def forecast_config(cfg: LoopConfig):
     """The forecast's settings: Holt kept within the forecast gate's bound of this run (``forecast_bound``)."""
-    from mjoin.forecast.holt import ForecastConfig
-
     return ForecastConfig(bound=cfg.gate_config().forecast_bound() if cfg.forecast_bound else None)
 
 
@@ -61,8 +64,6 @@ def forecast_rule(cfg: LoopConfig, ctx: dict, query, rule, path: str | None = No
     """Holt forecast of ``rule``'s key groups from the last L cycles before the interval end (no look-ahead),
     written to ``path`` with its report; the statistics. Never blind after a rule change: every cycle of the
     window counts, re-aggregated from its cells when it was computed under another rule."""
-    from mjoin.forecast.holt import forecast as holt
-
     history, report = rule_history(cfg, query, rule, ctx["end"])
     res = holt(history, ctx["end"], length=cfg.length, config=forecast_config(cfg))
     res.statistics.partitioning = rule or None
@@ -102,8 +103,6 @@ def _forecast_rule_tag(ctx: dict) -> str:
 def stats_for_rule(cfg: LoopConfig, ctx: dict, query, rule):
     """The forecast of ``rule``'s key groups for this run: ``forecast.json`` when it is the active plan's rule,
     else made once (:func:`forecast_rule`) and kept in the run folder."""
-    from mjoin.model.statistics import Statistics
-
     ctx = {**ctx, "forecast_rule_tag": _forecast_rule_tag(ctx)}
     path = forecast_path(ctx, rule)
     if fsutil.exists(path):
@@ -112,11 +111,9 @@ def stats_for_rule(cfg: LoopConfig, ctx: dict, query, rule):
 
 
 def check_forecast(cfg: LoopConfig, ctx: dict) -> dict:
-    from mjoin.gates.forecast import check_forecast as gate
-
     query = cfg.load_query()
     history, _ = rule_history(cfg, query, active_rule(cfg, query), ctx["end"])
-    return finish_gate(gate(query, fsutil.join(ctx["run_dir"], "forecast.json"), history, config=cfg.gate_config()),
+    return finish_gate(forecast_gate(query, fsutil.join(ctx["run_dir"], "forecast.json"), history, config=cfg.gate_config()),
                         ctx, "forecast")
 
 
@@ -134,8 +131,6 @@ def calibrate(cfg: LoopConfig, query, run_dir: str) -> dict:
     Skipped for an explicit ``cost_model`` and in evaluation namespaces (their joins are not the live job's);
     a weak fit (R^2 under ``calibration_min_r2``) or no metrics keeps the previous model. The outcome is in
     ``calibration.json`` of the run folder."""
-    from mjoin.optimizer.calibrate import CalibrationError, calibrate_from_lake
-
     if not cfg.calibrate or cfg.cost_model or cfg.namespace:
         why = ("off (calibrate=false)" if not cfg.calibrate else "explicit cost_model" if cfg.cost_model
                else "evaluation namespace")
@@ -159,9 +154,6 @@ def effective_state(cfg: LoopConfig, query, run_dir: str, stats):
     """The forecast with kappa, window tuples and lambda as the live join holds and probes them under
     punctuations (:mod:`mjoin.stats.effective`), from its newest batches; unchanged without punctuations (and
     for evaluation namespaces, which have no live join). Recorded in ``effective_state.json``."""
-    from mjoin.stats.effective import effective_statistics, engine_state_summary
-    from mjoin.engine.metrics import read_metrics
-
     if cfg.namespace:
         return stats
     try:
@@ -178,11 +170,6 @@ def group_overhead(cfg: LoopConfig, query, run_dir: str):
     """The per-group overhead (``mjoin.optimizer.cost.GroupOverhead``) for this run: a probe chain's fixed cost measured in
     the live join's newest batches where there are enough (the defaults otherwise; evaluation namespaces have
     no live join), batches of one statistics cycle, the engine's key buckets; kept in ``group_overhead.json``."""
-    from mjoin.optimizer.cost import GroupOverhead
-    from mjoin.engine.config import EngineConfig
-    from mjoin.engine.metrics import read_metrics
-    from mjoin.optimizer.partitioning import overhead_from_metrics
-
     path = fsutil.join(run_dir, "group_overhead.json")
     if fsutil.exists(path):
         return GroupOverhead(**read_doc(path)["overhead"])
@@ -200,9 +187,6 @@ def group_overhead(cfg: LoopConfig, query, run_dir: str):
 
 def key_group_cells(cfg: LoopConfig, ctx: dict, query) -> dict:
     """``{kind: Cells}``: the per-cell statistics of the run's interval (its cycles of one cell rule, the newest)."""
-    from mjoin.optimizer.partitioning import Cells
-    from mjoin.stats.history import CELL_KINDS, HistoryError, read_cells
-
     out = {}
     for kind in CELL_KINDS:
         try:
@@ -223,9 +207,6 @@ def optimize(cfg: LoopConfig, ctx: dict) -> dict:
     """The candidate plan: key groups chosen from the interval's per-cell statistics (``partition_method``,
     ``partition_groups``; :func:`mjoin.optimizer.partitioning.optimize_partitioned`), every group's orders from the forecast of
     those groups (``strategy``)."""
-    from mjoin.optimizer.strategies import optimize as run_optimizer
-    from mjoin.optimizer.partitioning import optimize_partitioned
-
     query = cfg.load_query()
     calibration = calibrate(cfg, query, ctx["run_dir"])
     model = cost_model_path(cfg)
@@ -264,17 +245,13 @@ def check_plan(cfg: LoopConfig, ctx: dict) -> dict:
     """Plan gate: valid for the query, cost finite, better than the active plan by the threshold, each plan
     costed under the forecast of its own key groups (one history, regrouped) plus its per-group overhead: the
     whole plan, rule and orders, with one hysteresis."""
-    from mjoin.optimizer.cost import plan_cost
-    from mjoin.gates.plan import check_plan as gate
-    from mjoin.lake.registry import PlanRegistry
-
     query = cfg.load_query()
     active = PlanRegistry(cfg.lake_, query.name).active(query)
     model = cost_model_path(cfg)
     overhead = group_overhead(cfg, query, ctx["run_dir"])
     buckets = key_group_cells(cfg, ctx, query).get("buckets")  # the overhead per engine bucket, as priced
     cells = (buckets.stats, buckets.rule) if buckets else None
-    result = gate(query, fsutil.join(ctx["run_dir"], "candidate_plan.json"), active=active,
+    result = plan_gate(query, fsutil.join(ctx["run_dir"], "candidate_plan.json"), active=active,
                   cost_fn=lambda p: plan_cost(query, stats_for_rule(cfg, ctx, query, p.partitioning), p, model,
                                               overhead, cells=cells),
                   config=cfg.gate_config())

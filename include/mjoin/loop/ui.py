@@ -13,10 +13,13 @@ import json
 import os
 import re
 
+from mjoin.engine.metrics import read_metrics
+from mjoin.evaluation.report import html_table
 from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.lake.quarantine import per_batch
 from mjoin.lake.registry import PlanRegistry
-from mjoin.evaluation.report import html_table
+from mjoin.loop.params import query_choices
 
 OUTCOME = "outcome.json"
 
@@ -65,9 +68,6 @@ def registry_json(lake: Lake | None = None) -> dict:
 
 def quarantine_rows(lake: Lake, query: str, limit: int = 20) -> list[dict]:
     """The join job's quarantine counts per batch, stream and reason over its newest ``limit`` batches."""
-    from mjoin.engine.metrics import read_metrics
-    from mjoin.lake.quarantine import per_batch
-
     try:
         return per_batch(read_metrics(lake, query), limit)
     except (OSError, ValueError):
@@ -81,8 +81,6 @@ QUERY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 def known_queries(lake: Lake | None = None) -> set[str]:
     """The query names the plugin serves: the specs present (``$MJOIN_QUERIES``, include/queries/) and the
     queries the lake holds plans, reports or a join job's metrics of."""
-    from mjoin.loop.params import query_choices
-
     return {q for q in set(query_choices()) | set(queries_with_plans(_lake(lake))) if QUERY_NAME.match(q)}
 
 

@@ -18,7 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from mjoin.lake.fsutil import atomic_write_text, read_text
 from mjoin.model.keygroups import num_groups, rule_problems
+from mjoin.model.query import stream_order_from
+from mjoin.model.schemas import SchemaError, validate_document
 from mjoin.model.timeutil import iso
 
 SCHEMA_VERSION = 1
@@ -134,8 +137,6 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Plan":
-        from mjoin.model.schemas import SchemaError, validate_document
-
         try:
             validate_document(doc, "plan")
         except SchemaError as exc:
@@ -158,8 +159,6 @@ class Plan:
         return json.dumps(self.to_json(), indent=2)
 
     def save(self, path) -> Path:
-        from mjoin.lake.fsutil import atomic_write_text
-
         atomic_write_text(path, self.dumps())
         return Path(path)
 
@@ -202,8 +201,6 @@ class Plan:
 
 def load_plan(path, query=None) -> Plan:
     """Read a plan file; with ``query``, also check that it can run that query."""
-    from mjoin.lake.fsutil import read_text
-
     try:
         doc = json.loads(read_text(path))
     except FileNotFoundError:
@@ -219,8 +216,6 @@ def orders_from_permutation(query, permutation: Sequence[str]) -> dict:
     ``permutation``, skipping itself. Each pair's ``l`` is the earliest member of the
     partial result adjacent to ``r``; a stream not yet adjacent to the partial result
     (possible only in sparse graphs) is deferred until it is."""
-    from mjoin.model.query import stream_order_from
-
     perm = stream_order_from(query, permutation)
     orders = {}
     for x in query.stream_names:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from mjoin.lake.fsutil import atomic_write_text, read_text
+from mjoin.model.schemas import validate_document
 from mjoin.model.timeutil import iso, parse_time
 
 SCHEMA_VERSION = 1
@@ -185,8 +187,6 @@ class Statistics:
 
     @classmethod
     def from_json(cls, doc: dict) -> "Statistics":
-        from mjoin.model.schemas import validate_document
-
         validate_document(doc, "statistics")
         groups = {}
         for gdoc in doc["groups"]:
@@ -202,15 +202,11 @@ class Statistics:
                    cycle_seconds=doc.get("cycle_seconds"), partitioning=doc.get("partitioning"), meta=doc.get("meta") or {})
 
     def save(self, path) -> Path:
-        from mjoin.lake.fsutil import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_json(), indent=2, default=json_default, allow_nan=True))
         return Path(path)
 
     @classmethod
     def load(cls, path) -> "Statistics":
-        from mjoin.lake.fsutil import read_text
-
         try:
             doc = json.loads(read_text(path))
         except json.JSONDecodeError as exc:

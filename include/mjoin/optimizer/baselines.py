@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from mjoin.optimizer.cost import CostModel, JoinProblem
 from mjoin.model.plan import orders_from_permutation
+from mjoin.optimizer.cost import CostModel, JoinProblem
 
 
 def fixed(problem: JoinProblem, query, initial_order: Sequence[str]) -> dict:

@@ -42,7 +42,12 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+from scipy.optimize import nnls
 
+from mjoin.engine.metrics import read_metrics
+from mjoin.lake import fsutil
+from mjoin.lake.fsutil import read_text
+from mjoin.lake.layout import Lake
 from mjoin.optimizer.cost import STATES, CostModel
 
 log = logging.getLogger(__name__)
@@ -83,9 +88,6 @@ def read_observations(paths) -> tuple[list[dict], dict]:
     """Observations from metrics files: JSON lines (``.jsonl``), ``.json`` (one record or a
     list), or folders holding them. Returns ``(observations, counts)``; unreadable lines
     are counted (``bad_lines``), never silently dropped."""
-    from mjoin.lake import fsutil
-    from mjoin.lake.fsutil import read_text
-
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files = []
@@ -179,8 +181,6 @@ def _clean(observations: Iterable[dict], state: str, time_field: str = "seconds"
 def _nnls(X: np.ndarray, y: np.ndarray, names: list[str]) -> np.ndarray:
     """Non-negative least squares on unit-norm columns (conditioning), refusing a design
     whose columns are linearly dependent (the coefficients would not be identified)."""
-    from scipy.optimize import nnls
-
     norms = np.linalg.norm(X, axis=0)
     zero = [names[i] for i in range(len(names)) if norms[i] == 0]
     if zero:
@@ -354,10 +354,6 @@ def calibrate_from_lake(lake, query, *, out=None, time_field: str = "auto", last
     ``last``: use only the newest ``last`` batches. ``time_field="auto"``: CPU time when the metrics
     have it. ``min_r2``: refuse (:class:`CalibrationError`, nothing written) a fit explaining less of
     the measured time than that, so a caller keeps its previous model instead of a noise fit."""
-    from mjoin.lake import fsutil
-    from mjoin.engine.metrics import read_metrics
-    from mjoin.lake.layout import Lake
-
     lake = lake if isinstance(lake, Lake) else Lake(str(lake))
     name = query if isinstance(query, str) else query.name
     try:

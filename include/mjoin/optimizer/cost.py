@@ -74,6 +74,11 @@ from typing import Sequence
 
 import numpy as np
 
+from mjoin.lake.fsutil import atomic_write_text, read_text
+from mjoin.model.keygroups import num_groups, rule_problems
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
+from mjoin.stats.cells import cell_map
+
 STATES = ("sorted", "hash")
 
 #: the floor on ``gamma`` while dppick and exact search (see the module docstring, "Ties after an empty
@@ -194,15 +199,11 @@ class CostModel:
                    calibration=calibration)
 
     def save(self, path) -> Path:
-        from mjoin.lake.fsutil import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
         return Path(path)
 
     @classmethod
     def load(cls, path) -> "CostModel":
-        from mjoin.lake.fsutil import read_text
-
         try:
             doc = json.loads(read_text(path))
         except FileNotFoundError:
@@ -290,8 +291,6 @@ class JoinProblem:
     @classmethod
     def from_query(cls, query) -> "JoinProblem":
         """The join graph alone (statistics zero): enough to enumerate probe orders."""
-        from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
-
         g = GroupStats(streams={s: StreamStats(lam=0.0, kappa=0.0, window_tuples=0.0) for s in query.stream_names},
                        edges={e: EdgeStats(gamma=0.0, mu=0.0) for e in query.directed_edges})
         return cls.from_statistics(query, Statistics(query=query.name, groups={0: g}))
@@ -408,9 +407,6 @@ def resolve_groups(query, stats, partitioning=None) -> tuple[dict | None, list[i
     """The partitioning rule and key groups to plan or cost for: ``partitioning=None`` follows
     the statistics (their rule, or one group); a given rule must be the one the statistics
     were computed under (when they say) and the statistics must hold each of its groups."""
-    from mjoin.model.keygroups import num_groups, rule_problems
-    from mjoin.model.statistics import StatisticsError
-
     stats_rule = stats.partitioning or None
     rule = stats_rule if partitioning is None else (partitioning or None)
     if rule:
@@ -517,8 +513,6 @@ def bucket_group_rates(query, stats, buckets: int, cells=None) -> dict:
     groups = sorted(stats.groups)
     nb = max(int(buckets), 1)
     if cells is not None:
-        from mjoin.stats.cells import cell_map
-
         cstats, crule = cells
         mapping = cell_map(crule, stats.partitioning) if crule.get("method") == "hash" else None
         if mapping is not None and int(crule["groups"]) % nb == 0:

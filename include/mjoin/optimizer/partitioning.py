@@ -30,13 +30,16 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
+from scipy.cluster.vq import kmeans2
+from scipy.optimize import nnls
 
-from mjoin.optimizer.cost import GroupOverhead, JoinProblem, order_cost, plan_cost, resolve_cost_model
 from mjoin.model.keygroups import num_groups
-from mjoin.model.statistics import Statistics, StatisticsError, aggregate_rows
+from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats, aggregate_rows
+from mjoin.optimizer.cost import GroupOverhead, JoinProblem, order_cost, plan_cost, resolve_cost_model
 from mjoin.optimizer.strategies import optimize, search_orders
 from mjoin.stats.cells import regroup
 
@@ -65,8 +68,6 @@ class Cells:
     @classmethod
     def from_rows(cls, kind: str, rule: dict, rows) -> "Cells":
         """From tidy per-cell rows (``mjoin.stats.history.read_cells``) of one cell rule."""
-        import pandas as pd
-
         if rows is None or len(rows) == 0:
             raise StatisticsError(f"no per-cell ({kind}) statistics to choose key groups from")
         recs = rows.to_dict("records")
@@ -85,7 +86,6 @@ def _snapshot(recs: list, rule: dict) -> Statistics:
     st.partitioning = rule
     n = num_groups(rule)
     if sorted(st.groups) != list(range(n)):  # cells without any row: no tuples
-        from mjoin.model.statistics import EdgeStats, GroupStats, StreamStats
 
         names = {s for g in st.groups.values() for s in g.streams}
         pairs = {e for g in st.groups.values() for e in g.edges}
@@ -209,8 +209,6 @@ def rate_rule(cells: Cells, D: int, streams, seed: int = SEED) -> dict | None:
     """PMJoin's rate-based rule: per bucket the rank vector of the streams' rates (ties: mean rank),
     clustered into ``D`` groups by k-means (``kmeans2``, k-means++ start, fixed seed); buckets without
     tuples join the largest group."""
-    from scipy.cluster.vq import kmeans2
-
     lam = rate_matrix(cells, streams)
     busy = lam.sum(axis=1) > 0
     if D < 2 or busy.sum() < 2:
@@ -422,8 +420,6 @@ def chain_overhead_from_metrics(records, *, min_chains: int = 20) -> float | Non
     (``scipy.optimize.nnls``), ``per_chain`` returned: key groups split a stream's tuples among more chains, so
     only the fixed part is what a chain more adds. Not the materialising time subtracted whole: a materialising
     that builds small tables costs mostly per call. None with fewer than ``min_chains`` records."""
-    from scipy.optimize import nnls
-
     rows, ys = [], []
     for r in records or ():
         for c in r.get("chains", []):
@@ -450,7 +446,6 @@ def overhead_from_metrics(records, model=None, **kw) -> tuple[GroupOverhead, dic
     per_chain = chain_overhead_from_metrics(records)
     if per_chain is None:
         return base, {"per_chain": "default", "chains": 0}
-    from dataclasses import replace
 
     return replace(base, per_chain=per_chain), {"per_chain": "metrics", "per_chain_seconds": per_chain}
 

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from mjoin.optimizer.cost import CostModel, JoinProblem, order_cost, pairs_to_names, resolve_cost_model, resolve_groups
-from mjoin.optimizer import baselines
-from mjoin.optimizer.dppick import DpPickTooLarge, dp_pick, get_sequences
-from mjoin.optimizer.exact import ExactTooLarge, exact_dp
 from mjoin.model.plan import Plan, make_plan
 from mjoin.model.query import stream_order_from
+from mjoin.optimizer import baselines
+from mjoin.optimizer.cost import CostModel, JoinProblem, order_cost, pairs_to_names, resolve_cost_model, resolve_groups
+from mjoin.optimizer.dppick import DpPickTooLarge, dp_pick, get_sequences
+from mjoin.optimizer.exact import ExactTooLarge, exact_dp
 
 log = logging.getLogger(__name__)
 

@@ -27,18 +27,24 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import psutil
 
 from mjoin.runtime.resources import PROJECT_DIR
 
@@ -72,8 +78,6 @@ class ClusterConfig:
 
 def _started(pid: int) -> float | None:
     try:
-        import psutil
-
         return psutil.Process(pid).create_time()
     except Exception:
         return None
@@ -84,8 +88,6 @@ def alive(proc: dict | None) -> bool:
     if not proc or not proc.get("pid"):
         return False
     try:
-        import psutil
-
         p = psutil.Process(int(proc["pid"]))
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
@@ -270,8 +272,6 @@ def wait_workers(state: dict, count: int, timeout: float = 90.0) -> list[dict]:
 def _tree(rec: dict) -> list:
     """The recorded process and all its descendants (executors, PySpark's daemon, which runs in a process
     group of its own, and its Python workers)."""
-    import psutil
-
     try:
         root = psutil.Process(int(rec["pid"]))
         return [root, *root.children(recursive=True)]
@@ -298,8 +298,6 @@ def kill_worker(folder, index: int, sig: int = signal.SIGKILL) -> dict:
 def worker_of(state: dict, pid: int) -> int | None:
     """The index of the worker whose process tree holds process ``pid`` (an executor or a Python worker
     of it), or None (the driver, or no worker of this cluster)."""
-    import psutil
-
     try:
         chain = {pid} | {p.pid for p in psutil.Process(pid).parents()}
     except psutil.NoSuchProcess:
@@ -339,7 +337,6 @@ def _pg_user() -> str | None:
     """The OS user the server runs as: ourselves, or ``postgres`` when we are root (it refuses root)."""
     if os.geteuid() != 0:
         return None
-    import pwd
 
     try:
         pwd.getpwnam("postgres")
@@ -351,8 +348,6 @@ def _pg_user() -> str | None:
 
 def _chown(path: Path, user: str | None) -> None:
     if user:
-        import pwd
-
         pw = pwd.getpwnam(user)
         for root, dirs, files in os.walk(path):
             for n in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
@@ -365,9 +360,6 @@ def _pg_base(folder: Path, user: str | None) -> Path:
     base = folder.resolve() / "postgres"
     if user is None:
         return base
-    import hashlib
-    import stat
-    import tempfile
 
     reachable = all(p.stat().st_mode & stat.S_IXOTH for p in (folder.resolve(), *folder.resolve().parents) if p.exists())
     if reachable:

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from mjoin.loop.params import spark_bin
 from mjoin.runtime.resources import PROJECT_DIR, Resources
 from mjoin.runtime.spark import BASE_CONF, tcp_problem
 
@@ -77,8 +78,6 @@ def status(folder=DEFAULT_DIR) -> dict:
 
 
 def _spark_submit() -> str:
-    from mjoin.loop.params import spark_bin
-
     return str(Path(spark_bin()) / "spark-submit")
 
 

@@ -1,9 +1,16 @@
 """The one place a SparkSession is made (Spark code only; never imported by pure modules)."""
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import sys
+import uuid
+from urllib.parse import urlparse
 
+from pyspark.sql import SparkSession
+
+from mjoin.runtime.jvm import jar_path
 from mjoin.runtime.resources import Resources
 
 #: Settings every mjoin Spark job runs with. Join reordering is off so that Spark
@@ -31,8 +38,6 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
 
     ``allow_remote``: a job that runs over Spark Connect (DataFrame API only, no SparkContext) gets a
     session of ``resources.spark_remote`` when one is set and the process is not a spark-submit."""
-    from pyspark.sql import SparkSession
-
     resources = resources or Resources.from_env()
     if allow_remote and resources.spark_remote and not os.environ.get("SPARK_SUBMIT_ARGS_SET_MASTER"):
         return connect_session(resources, conf, name=app_name)
@@ -67,8 +72,6 @@ def get_spark(app_name: str = "mjoin", resources: Resources | None = None, conf:
 
 def _jvm_jar() -> str | None:
     """mjoin's built JVM class (:mod:`mjoin.runtime.jvm`), when ``make setup`` could build it."""
-    from mjoin.runtime.jvm import jar_path
-
     return jar_path()
 
 
@@ -86,8 +89,6 @@ def session_info(spark) -> dict:
 
 def tcp_problem(host: str, port: int, timeout: float = 5.0) -> str | None:
     """None if ``host:port`` accepts a TCP connection, else the reason."""
-    import socket
-
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
@@ -97,8 +98,6 @@ def tcp_problem(host: str, port: int, timeout: float = 5.0) -> str | None:
 
 def _reachable(url: str) -> str | None:
     """None if the Spark Connect server ``sc://host:port[/;params]`` accepts a TCP connection, else the reason."""
-    from urllib.parse import urlparse
-
     u = urlparse(url)
     return tcp_problem(u.hostname or "localhost", u.port or 15002)
 
@@ -111,8 +110,6 @@ def session_url(remote: str, name: str, generation: int = 0) -> str:
     """``remote`` with a stable ``session_id`` for job kind ``name`` (unless it names one): every process of
     that kind joins the same server session, whose Python workers are already running (a new session
     starts its own: ~1.5 s per run, more than the statistics of a 15-minute interval at sf 0.1)."""
-    import uuid
-
     if "session_id=" in remote:
         return remote
     sid = uuid.uuid5(uuid.NAMESPACE_URL, f"mjoin/{name}/{generation}")
@@ -139,7 +136,6 @@ def connect_session(resources: Resources, conf: dict | None = None, name: str = 
     :class:`SparkConnectUnavailable` if the server does not answer (the client itself would retry for minutes)."""
     # (a process holds either an in-process session or Connect sessions: pyspark.sql.functions builds the
     # columns of one kind per process, so the two cannot be mixed)
-    from pyspark.sql import SparkSession
 
     why = _reachable(resources.spark_remote)
     if why:
@@ -169,7 +165,6 @@ def connect_session(resources: Resources, conf: dict | None = None, name: str = 
         spark._mjoin_session_url = url
         if generation:  # a refused attempt became the default session when it was created: this one is
             type(spark)._set_default_and_active_session(spark)
-        import atexit
 
         atexit.register(_close_quietly, spark)  # at exit, before gRPC's teardown (a close left to __del__ can hang)
         return spark

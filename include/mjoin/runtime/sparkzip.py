@@ -25,12 +25,12 @@ import sys
 import zipfile
 from importlib._bootstrap_external import _code_to_hash_pyc  # the writer py_compile uses for PEP 552 pycs
 
+import pyspark
+
 
 def pyspark_zips() -> list[str]:
     """The zips Spark puts on its Python workers' path: ``$SPARK_HOME/python/lib/*.zip`` (PySpark's and
     py4j's) of the installed PySpark (pip's layout), and of ``SPARK_HOME`` when that is set elsewhere."""
-    import pyspark
-
     homes = [os.path.dirname(pyspark.__file__)]
     if os.environ.get("SPARK_HOME"):
         homes.append(os.environ["SPARK_HOME"])

@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.model import eventtime
+from mjoin.engine.operator import within_band
 from mjoin.lake import fsutil
+from mjoin.model import eventtime
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ def _rows(lake, stream, column: str, lo_us: int, hi_us: int, key: str | None) ->
 
 def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
     """``{cycle j: (q, m, s)}`` of the directed edge ``left -> right`` with ``band`` applied."""
-    from mjoin.engine.operator import within_band
-
     ls, rs = query.stream(left), query.stream(right)
     w_r = int(round(rs.window * 1e6))
     keyed = query.has_edge(left, right) and query.edge(left, right).attr_class in query.attribute_classes
@@ -120,8 +120,6 @@ def band_edge_counts(query, lake, grid, band, left: str, right: str) -> dict:
 def apply_bands(rows, query, lake, grid):
     """The statistics job's tidy rows with the band edges' ``q, m, s, gamma, mu`` as the engine matches
     (group 0; partitioned statistics keep the key-only values, said in the log)."""
-    import pandas as pd
-
     if not getattr(query, "bands", ()) or rows is None or not len(rows):
         return rows
     rows = rows.copy()

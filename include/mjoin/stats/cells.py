@@ -26,6 +26,7 @@ import pandas as pd
 from mjoin.model.keygroups import group_of, num_groups
 from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StreamStats
 from mjoin.model.timeutil import iso
+from mjoin.stats.history import CELL_KINDS, HISTORY_SCHEMA, empty_history, read_cells, read_history
 
 
 def cell_map(cell_rule: dict, rule: dict | None) -> np.ndarray | None:
@@ -74,7 +75,6 @@ def regroup_rows(rows: pd.DataFrame, mapping: np.ndarray, groups: int) -> pd.Dat
     with np.errstate(divide="ignore", invalid="ignore"):
         out["gamma"] = np.where(stream, np.nan, np.where(out["q"] > 0, out["m"] / out["q"], 0.0))
         out["mu"] = np.where(stream, np.nan, np.where(out["m"] > 0, out["s"] / out["m"], 1.0))
-    from mjoin.stats.history import HISTORY_SCHEMA
 
     return out[list(HISTORY_SCHEMA.names)].sort_values(["cycle_start", "group", "entity", "stream", "right"],
                                                        kind="stable", na_position="first").reset_index(drop=True)
@@ -127,8 +127,6 @@ def history_for_rule(root, query_name: str, rule: dict | None, start=None, end=N
     it as stored, any other re-aggregated from its cells (a cycle with neither is left out: a missing cycle to the
     forecast). ``(rows, report)``; ``rows.attrs["cycles"]`` gives every cycle ``rule`` as its partitioning (what
     the forecast reads), ``report`` counts the cycles ``as_stored``, ``regrouped`` (by cell kind) and ``missing``."""
-    from mjoin.stats.history import CELL_KINDS, read_cells, read_history
-
     hist = read_history(root, query_name, start=start, end=end, meta=True)
     metas = hist.attrs.get("cycles") or {}
     rule = rule or None
@@ -166,7 +164,6 @@ def history_for_rule(root, query_name: str, rule: dict | None, start=None, end=N
                 done.append(cyc)
             need = [c for c in need if c not in done]
     report["missing"] = sorted(need)
-    from mjoin.stats.history import empty_history
 
     out = pd.concat(parts, ignore_index=True) if parts else empty_history()
     out = out.sort_values(["cycle_start", "group", "entity", "stream", "right"], kind="stable",

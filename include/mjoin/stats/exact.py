@@ -41,8 +41,10 @@ import time
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.sql import Window, functions as F
 
-from mjoin.stats.sources import Grid, US, case_sid, cdiv, fdiv
+from mjoin.stats import kernel
+from mjoin.stats.sources import US, Grid, case_sid, cdiv, fdiv
 
 
 def _pdf(df) -> pd.DataFrame:
@@ -67,8 +69,6 @@ def driver_pass(read, query, grid: Grid, rule, usable, windows_us, stream_classe
     """:func:`one_pass` with the kernel on the driver over the rows ``read(query, grid, rule, usable,
     stream_classes)`` gives (:func:`mjoin.stats.sources.read_routed`: the same rows, read with pyarrow, no Spark
     job)."""
-    from mjoin.stats import kernel
-
     params = kernel_params(grid, windows_us, stream_classes, class_members, buckets, cells)
     t = time.perf_counter()
     rows = read(query, grid, rule, usable, stream_classes)
@@ -78,8 +78,6 @@ def driver_pass(read, query, grid: Grid, rule, usable, windows_us, stream_classe
 
 
 def kernel_params(grid: Grid, windows_us, stream_classes, class_members, buckets: int, cells: tuple = ()):
-    from mjoin.stats import kernel
-
     return kernel.Params(grid.t0_us, grid.t1_us, grid.tau_us, tuple(int(w) for w in windows_us),
                          tuple(cs[0] for cs in stream_classes),
                          tuple(tuple(class_members[ci]) for ci in range(len(class_members))), int(buckets),
@@ -91,8 +89,6 @@ def route(base, stream_classes: list[list[int]], buckets: int, partitions: int |
     repartitioned by key into ``partitions`` (by histogram bucket when there are at least 256 buckets,
     so that every histogram cell is in one partition; NULL keys spread by time); ``None``: not
     repartitioned (for a collect)."""
-    from pyspark.sql import functions as F
-
     nclasses = 1 + max(c for cs in stream_classes for c in cs)
     if nclasses == 1:
         routed = base.select(F.lit(0).alias("ci"), "sid", "t", "g", F.col("k0").alias("key"))
@@ -109,8 +105,6 @@ def route(base, stream_classes: list[list[int]], buckets: int, partitions: int |
 
 def run_partials(routed, params) -> dict:
     """The kernel over every partition of ``routed`` (a ``mapInArrow`` task each), one collect, the sum."""
-    from mjoin.stats import kernel
-
     def run(batches):
         tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
         if tables:
@@ -123,8 +117,6 @@ def run_partials(routed, params) -> dict:
 
 def run_on_driver(routed, params) -> dict:
     """The kernel once over all of ``routed``, collected as Arrow (the same outputs as :func:`run_partials`)."""
-    from mjoin.stats import kernel
-
     t = time.perf_counter()
     rows = routed.toArrow()
     t_collected = time.perf_counter()
@@ -135,8 +127,6 @@ def run_on_driver(routed, params) -> dict:
 def _summed(out, params, seconds: dict) -> dict:
     """The kernel's partial counts summed (:func:`mjoin.stats.kernel.reduce_partials`), with the phases'
     ``seconds`` (plus ``reduce``) and ``partial_rows``."""
-    from mjoin.stats import kernel
-
     t = time.perf_counter()
     res = kernel.reduce_partials(out, params, len(params.class_members))
     res["seconds"] = {**seconds, "reduce": time.perf_counter() - t}
@@ -147,8 +137,6 @@ def _summed(out, params, seconds: dict) -> dict:
 def cycle_counts(base, grid: Grid, nclasses: int) -> pd.DataFrame:
     """Per ``(sid, g, j)``: rows and non-NULL keys per class. ``j = -2``: NULL event time,
     ``-1``: lead-in before T0, ``n``: exactly at T1 (window state only)."""
-    from pyspark.sql import functions as F
-
     j = (f"CASE WHEN t IS NULL THEN -2 WHEN t < {grid.t0_us} THEN -1 "
          f"WHEN t >= {grid.t1_us} THEN {grid.n} ELSE {fdiv(f't - {grid.t0_us}', grid.tau_us)} END")
     aggs = [F.count(F.lit(1)).alias("rows")] + [F.count(f"k{i}").alias(f"nn{i}") for i in range(nclasses)]
@@ -157,8 +145,6 @@ def cycle_counts(base, grid: Grid, nclasses: int) -> pd.DataFrame:
 
 def window_tuples(base, grid: Grid, windows_us: list[int]) -> pd.DataFrame:
     """Per ``(sid, g, j)``: tuples in the window state at the end of cycle ``j``."""
-    from pyspark.sql import functions as F
-
     w = case_sid(windows_us)
     ja = cdiv(f"t - {grid.t0_us + grid.tau_us}", grid.tau_us)
     jb = cdiv(f"t + ({w}) - {grid.t0_us + grid.tau_us}", grid.tau_us)
@@ -171,8 +157,6 @@ def window_tuples(base, grid: Grid, windows_us: list[int]) -> pd.DataFrame:
 
 def kappa(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int]]) -> pd.DataFrame:
     """Per ``(sid, ci, g, j)``: distinct non-NULL keys of class ``ci`` in the state at the end of cycle ``j``."""
-    from pyspark.sql import Window, functions as F
-
     w = case_sid(windows_us)
     ja = f"greatest({cdiv(f't - {grid.t0_us + grid.tau_us}', grid.tau_us)}, 0)"
     jc = f"least({fdiv(f't + ({w}) - 1 - {grid.t0_us + grid.tau_us}', grid.tau_us)}, {grid.n - 1})"
@@ -203,8 +187,6 @@ def kappa(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int
 
 def edge_counts(base, grid: Grid, windows_us: list[int], class_members: dict[int, list[int]]) -> pd.DataFrame:
     """Per ``(ci, g, j, l, r)``: lookups ``q``, successful lookups ``m`` and matches ``s`` of edge ``l -> r``."""
-    from pyspark.sql import Window, functions as F
-
     out = []
     for ci, sids in class_members.items():
         if len(sids) < 2:
@@ -239,8 +221,6 @@ def edge_counts(base, grid: Grid, windows_us: list[int], class_members: dict[int
 def histogram(base, grid: Grid, stream_classes: list[list[int]], buckets: int) -> pd.DataFrame:
     """Per ``(sid, ci, j, bucket)``: rows of the cycle with ``pmod(key, buckets) = bucket`` (``buckets = 0``:
     ``bucket = key``); plus the key range, which tells whether the buckets are exact keys."""
-    from pyspark.sql import functions as F
-
     parts = []
     for ci in sorted({c for cs in stream_classes for c in cs}):
         sids = [sid for sid, cs in enumerate(stream_classes) if ci in cs]

@@ -22,13 +22,17 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
+from pyspark import StorageLevel
 
 from mjoin.model.keygroups import num_groups, rule_problems
-from mjoin.runtime.spark import session_info
 from mjoin.model.statistics import Statistics, StatisticsError
 from mjoin.model.timeutil import iso, to_epoch
-from mjoin.stats import exact, history
-from mjoin.stats.sources import US, DriverReadUnsupported, Grid, checked_files, driver_read_problem, load_streams, read_routed
+from mjoin.runtime.spark import session_info
+from mjoin.stats import exact, history, sketchmode
+from mjoin.stats.bands import apply_bands
+from mjoin.stats.sketch import SketchConfig
+from mjoin.stats.sources import (US, DriverReadUnsupported, Grid, checked_files, driver_read_problem, load_streams,
+                                 read_routed)
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +194,6 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     run.rows.attrs["cycles"] = {iso(e): m for e, m in run.cycle_meta.items()}
     timings["assemble"] = time.perf_counter() - t
     if getattr(query, "bands", ()):  # edges a band filters: their matches as the engine keeps them
-        from mjoin.stats.bands import apply_bands
 
         t = time.perf_counter()
         run.rows = apply_bands(run.rows, query, lake, grid)
@@ -256,8 +259,6 @@ def kernel_cells(rule: dict) -> tuple:
 
 def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_members, timings):
     """Exact mode with ``method="sql"`` and sketch mode: Spark aggregations over the cached rows."""
-    from pyspark import StorageLevel
-
     nclasses = len(class_members)
     base = base.persist(StorageLevel.MEMORY_AND_DISK)
     sketch_info = None
@@ -279,9 +280,6 @@ def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_membe
             edges = exact.edge_counts(base, grid, windows_us, class_members)
             timings["edges"] = time.perf_counter() - t
         else:
-            from mjoin.stats.sketch import SketchConfig
-            from mjoin.stats import sketchmode
-
             config = replace(config, sketch=config.sketch or SketchConfig())
             t = time.perf_counter()
             kap, edges, sketch_info = sketchmode.sketch_statistics(spark, base, grid, windows_us, stream_classes,

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 ROWS, NN, WT, KAPPA, EDGE, HIST, KEYRANGE = range(7)
@@ -440,8 +441,6 @@ def reduce_partials(table: pa.Table, p: Params, nclasses: int) -> dict:
 
 def _prefix(deltas, keys: list[str], n: int, name: str):
     """``(keys..., j, v0)`` deltas -> ``(keys..., j, name)`` prefix sums over ``j = 0..n-1`` (every j)."""
-    import pandas as pd
-
     if deltas.empty or n <= 0:
         return pd.DataFrame(columns=keys + ["j", name])
     ids = deltas[keys].drop_duplicates().reset_index(drop=True)

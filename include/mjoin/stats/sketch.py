@@ -25,7 +25,6 @@ Java object PySpark cannot read. The Spark job builds the same arrays with
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

@@ -30,6 +30,8 @@ import math
 
 import numpy as np
 import pandas as pd
+from pyspark import StorageLevel
+from pyspark.sql import functions as F
 
 from mjoin.stats import sketch as sk
 from mjoin.stats.sources import Grid, fdiv
@@ -43,9 +45,6 @@ SAMPLE_SCALE = 1 << 30
 def sketch_statistics(spark, base, grid: Grid, windows_us: list[int], stream_classes, class_members,
                       cfg: sk.SketchConfig):
     """``(kappa frame, edge-count frame, info)`` in the shapes :mod:`mjoin.stats.exact` returns."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     S = int(cfg.slices_per_cycle) or sk.auto_slices(grid.tau, [w / 1e6 for w in windows_us])
     if grid.tau_us % S:
         raise ValueError(f"a cycle of {grid.tau:g}s cannot be cut into {S} slices of whole microseconds")
@@ -113,8 +112,6 @@ def sketch_statistics(spark, base, grid: Grid, windows_us: list[int], stream_cla
 
 def _kappa(spark, slices, grid: Grid, windows_us, stream_classes, S: int, delta: int) -> pd.DataFrame:
     """HLL union of the slices in each stream's window at every cycle end."""
-    from pyspark.sql import functions as F
-
     rows = []
     for sid, w in enumerate(windows_us):
         x = w / delta

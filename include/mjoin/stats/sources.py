@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.model import eventtime
 from mjoin.lake import fsutil
+from mjoin.model import eventtime
 from mjoin.model.keygroups import group_of, sql_group_expr
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,10 @@ from pathlib import Path
 
 from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso, parse_duration, to_epoch
+from mjoin.runtime.resources import PROJECT_DIR
 from mjoin.workloads.errors import WorkloadError
+from mjoin.workloads.lander import land
+from mjoin.workloads.tpcds_replay import generate_tpcds
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,6 @@ def run_live(lake, *, sf: float = 0.1, cycle=10, chunk="1h", backlog="10m", seed
     """Feed ``lake`` with a real-time TPC-DS replay (see the module docstring); returns when ``until``
     (ISO-8601 or epoch seconds) is reached, or never. ``sleep`` may raise to stop the feed between cycles.
     The workloads go to ``workdir`` (default ``<project>/.cache/live``) and are removed once landed."""
-    from mjoin.runtime.resources import PROJECT_DIR
-    from mjoin.workloads.lander import land
-    from mjoin.workloads.tpcds_replay import generate_tpcds
-
     lake = lake if isinstance(lake, Lake) else Lake(str(lake))
     cycle_s, chunk_s, backlog_s = parse_duration(cycle), parse_duration(chunk), parse_duration(backlog)
     if cycle_s <= 0 or chunk_s < cycle_s or chunk_s % cycle_s:

@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import jsonschema
+
+from mjoin.model.query import load_query
 from mjoin.model.timeutil import iso
 from mjoin.workloads.errors import WorkloadError
 
@@ -64,8 +67,6 @@ SCHEMA = {
 
 def validate_manifest(doc, where: str = "manifest") -> None:
     """Raise :class:`WorkloadError` naming the first field that breaks :data:`SCHEMA`."""
-    import jsonschema
-
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         err = errors[0]
@@ -136,8 +137,6 @@ class Manifest:
         return out
 
     def queries(self):
-        from mjoin.model.query import load_query
-
         return [load_query(r) for r in self.query_refs()]
 
     def describe(self) -> str:

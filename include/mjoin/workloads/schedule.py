@@ -72,6 +72,7 @@ import yaml
 
 from mjoin.model.timeutil import format_duration, parse_duration
 from mjoin.workloads.errors import ScheduleError
+from mjoin.workloads.presets import PRESETS, preset_document
 
 #: Parameter -> (default, minimum, maximum, integral)
 PARAMS = {
@@ -393,8 +394,6 @@ def _keys(doc, names: tuple) -> tuple:
 
 def load_schedule(ref, *, streams: int, duration, rate=None, domain=None) -> Schedule:
     """A schedule from a preset name (:data:`PRESETS`), a YAML/JSON file, or a dict."""
-    from mjoin.workloads.presets import PRESETS, preset_document
-
     _check_streams(streams)
     if isinstance(ref, dict):
         return parse_schedule(ref, streams=streams, duration=duration, rate=rate, domain=domain)

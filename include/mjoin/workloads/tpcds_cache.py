@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+import duckdb
+
 from mjoin.runtime.resources import PROJECT_DIR
 from mjoin.workloads.errors import WorkloadError
 
@@ -82,8 +84,6 @@ def extension_path() -> str:
 
 def connect(database: str = ":memory:", memory_limit: str | None = None):
     """A DuckDB connection with the tpcds extension loaded from the wheel (never from the network)."""
-    import duckdb
-
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
               "allow_unsigned_extensions": True}
     if memory_limit:
@@ -131,7 +131,6 @@ def ensure_tables(sf, cache_dir=None, memory_limit: str = "4GB") -> Path:
             con.execute(f"COPY (SELECT * FROM {table} ORDER BY {order}) TO '{stage / f'{table}.parquet'}' "
                         "(FORMAT parquet, COMPRESSION zstd)")
             rows[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        import duckdb
 
         con.close()
         (stage / "dsdgen.duckdb").unlink(missing_ok=True)

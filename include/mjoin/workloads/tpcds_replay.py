@@ -27,6 +27,7 @@ import logging
 import math
 import os
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -186,7 +187,6 @@ def generate_tpcds(out, *, sf=0.1, replay: str = "paper", rate=None, duration=No
                 "columns": {f.name: str(f.type) for f in tbl.schema},
                 "event_time": extra["event_time"][table],
             }
-        import duckdb
 
         doc = {
             "manifest_version": MANIFEST_VERSION,

@@ -5,6 +5,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import jsonschema
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -19,8 +21,6 @@ def load_schema(name: str) -> dict:
 
 def validate_document(doc, name: str) -> None:
     """Raise :class:`SchemaError` naming the first offending field (by JSON path)."""
-    import jsonschema
-
     validator = jsonschema.Draft202012Validator(load_schema(name))
     errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:

@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 import zipfile
 
+import pyspark
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JAR = os.path.join(HERE, "mjoin-jvm.jar")
 SOURCES = os.path.join(HERE, "src")
@@ -53,8 +55,6 @@ def _javac() -> str | None:
 def build(quiet: bool = False) -> str | None:
     """Compile the sources against the installed PySpark's jars into :data:`JAR`; None (with a message)
     when there is no ``javac``. Raises ``RuntimeError`` when compilation fails."""
-    import pyspark
-
     javac = _javac()
     if javac is None:
         if not quiet:
