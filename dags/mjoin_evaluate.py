@@ -72,8 +72,8 @@ def mjoin_evaluate():
     def show_comparison() -> dict:
         import json
 
-        from mjoin.lake import fsutil
-        from mjoin.commands.evaluate import format_summary
+        from mjoin.runtime import fsutil
+        from mjoin.evaluation.report import format_summary
         from mjoin.lake.layout import Lake
         from mjoin.model.query import load_query
         from mjoin.runtime.resources import Resources

@@ -22,7 +22,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.loop.ui import registry_json, registry_page, report_target
 
 RESOURCE = "mjoin"

@@ -23,7 +23,7 @@ import pytest
 from cluster_helpers import cluster_dir, job_env, require_cluster
 from engine_helpers import land_first_arrivals, replay_tpcds
 from mjoin.runtime import cluster
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.results import committed_batches
 from mjoin.engine.metrics import read_metrics

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from engine_helpers import land_first_arrivals, replay_tpcds
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.runs import run_stream

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso
 

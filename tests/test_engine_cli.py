@@ -87,7 +87,7 @@ def test_processing_time_trigger_runs_until_stopped(spark, tiny_lake, seed_query
     import threading
     import time
 
-    from mjoin.lake import fsutil
+    from mjoin.runtime import fsutil
     from mjoin.engine.config import EngineConfig
     from mjoin.engine.runs import run_stream
 

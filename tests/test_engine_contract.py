@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import TPCDS_TABLES, assert_same_results, no_leaked_queries, reference, replay_tpcds
-from mjoin.lake import quarantine
+from mjoin.engine import quarantine
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.results import read_results

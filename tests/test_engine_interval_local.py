@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import T0, no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin.lake import fsutil, quarantine
+from mjoin.runtime import fsutil
+from mjoin.engine import quarantine
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.results import result_fingerprint

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import assert_same_results, no_leaked_queries, replay_tpcds, write_null_time_copy
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.results import read_results

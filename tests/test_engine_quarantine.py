@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_helpers import WAVE, assert_same_results, make_synthetic, reference, synth_query, write_stream_file
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.lake.contract import FILE_REASONS
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.metrics import read_metrics

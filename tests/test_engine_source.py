@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.engine import source
 from mjoin.lake.layout import Lake
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.engine.results import write_parquet
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.gates.config import GateConfig, GateConfigError
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation

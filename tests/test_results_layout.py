@@ -9,7 +9,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mjoin.lake import fsutil, quarantine
+from mjoin.runtime import fsutil
+from mjoin.engine import quarantine
 from mjoin.engine.results import (BATCH_COLUMN, RowFiles, clear_batches, committed_batches, range_name,
                                   read_results_arrow, result_fingerprint, with_batch_column)
 from mjoin.lake.layout import Lake

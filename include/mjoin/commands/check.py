@@ -15,13 +15,13 @@ from mjoin.gates.history import read_history
 from mjoin.gates.input import check_input
 from mjoin.gates.plan import check_plan, model_cost_fn
 from mjoin.gates.stats import StatisticsGateError, check_statistics
-from mjoin.lake import fsutil
-from mjoin.lake.fsutil import read_text
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
 from mjoin.model.query import load_query
 from mjoin.model.statistics import Statistics
 from mjoin.model.timeutil import parse_duration, parse_time
+from mjoin.runtime import fsutil
+from mjoin.runtime.fsutil import read_text
 
 NAME = "check"
 HELP = "run a data-quality gate (input, stats, forecast, plan) and print the failed expectations"

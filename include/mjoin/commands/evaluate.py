@@ -6,6 +6,7 @@ from itertools import permutations
 
 from mjoin.commands import UserError
 from mjoin.evaluation.evaluate import STRATEGIES, EvalConfig, EvaluationError, check_has_data, evaluate
+from mjoin.evaluation.report import format_summary
 from mjoin.model.query import load_query, stream_order_from
 from mjoin.runtime.resources import Resources
 from mjoin.runtime.spark import get_spark
@@ -74,16 +75,3 @@ def run(args) -> int:
         print(format_summary(result.summary))
         print(f"report: {result.report_dir}/index.html")
     return 0
-
-
-def format_summary(summary: list[dict]) -> str:
-    lines = [f"{'initial order':<14} {'strategy':<18} {'probe work':>11} {'vs oracle':>9} {'engine s':>9} {'changes':>7}"
-             f"  key groups"]
-    oracle = {s["initial_order"]: s["probe_work"] for s in summary if s["strategy"] == "oracle"}
-    for s in summary:
-        base = oracle.get(s["initial_order"])
-        rel = f"{(s['probe_work'] / base - 1) * 100:+.1f}%" if base else "-"
-        lines.append(f"{s['initial_order']:<14} {s['strategy']:<18} {s['probe_work']:>11,} {rel:>9} "
-                     f"{s['batch_seconds']:>9.2f} {s['plan_changes']:>7}  "
-                     + ",".join(str(g) for g in s.get("key_groups", [])))
-    return "\n".join(lines)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 
 from mjoin.commands import UserError
-from mjoin.lake.fsutil import read_text
 from mjoin.model.query import load_query
 from mjoin.model.statistics import Statistics, StatisticsError
 from mjoin.model.timeutil import iso
 from mjoin.optimizer.cost import CostModelError, resolve_cost_model
 from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS, Cells, optimize_partitioned
 from mjoin.optimizer.strategies import STRATEGIES, OptimizerError, compare, optimize
+from mjoin.runtime.fsutil import read_text
 from mjoin.stats.history import CELL_KINDS, read_cells
 
 NAME = "optimize"

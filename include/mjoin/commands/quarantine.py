@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from mjoin.commands import UserError
-from mjoin.lake import quarantine as qmod
+from mjoin.engine import quarantine as qmod
 from mjoin.lake.layout import Lake
 from mjoin.model.query import load_query
 from mjoin.runtime.resources import Resources

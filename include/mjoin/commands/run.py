@@ -11,7 +11,6 @@ from mjoin.commands import UserError
 from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.runs import run_interval, run_stream
 from mjoin.engine.state import StateStore
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import RegistryError
 from mjoin.model.query import load_query
@@ -19,6 +18,7 @@ from mjoin.model.timeutil import parse_duration
 from mjoin.optimizer.calibrate import COST_MODEL_FILE
 from mjoin.optimizer.cost import CostModel, CostModelError
 from mjoin.optimizer.psp import slices_for
+from mjoin.runtime import fsutil
 from mjoin.runtime.resources import Resources
 from mjoin.runtime.spark import get_spark
 

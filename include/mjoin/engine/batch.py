@@ -43,8 +43,8 @@ from mjoin.engine.sparkplan import conf_in_effect, strategies
 from mjoin.engine.state import StateStore, StateWriter, file_key, load_state
 from mjoin.engine.tasks import (driver_stage, fault_pause_in_task, partition_id, read_parts, spark_stage, split_rejects,
                                 write_rejects)
-from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

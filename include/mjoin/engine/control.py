@@ -34,8 +34,8 @@ import uuid
 from datetime import datetime, timezone
 
 from mjoin.engine.config import EngineError
-from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0

@@ -42,9 +42,9 @@ from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, 
 from mjoin.engine.pipelined import run_pipelined
 from mjoin.engine.routing import route_local
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
-from mjoin.lake import fsutil
 from mjoin.lake.contract import Seen
 from mjoin.model.timeutil import iso, to_micros
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

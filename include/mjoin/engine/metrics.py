@@ -17,8 +17,8 @@ import subprocess
 
 import numpy as np
 
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.runtime import fsutil
 
 BATCH_FILE = re.compile(r"^batch=(\d+)\.json$")
 JSONL = "metrics.jsonl"

@@ -41,9 +41,9 @@ from mjoin.engine.normalize import add_counts
 from mjoin.engine.results import write_parquet
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.stream import StreamSummary
-from mjoin.lake import fsutil
 from mjoin.model.eventtime import event_time_sql, spark_kind
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ from mjoin.engine.compiled import EngineQuery, key_name, payload_name
 from mjoin.engine.frame import (arrow_frame_schema, arrow_input_schema, arrow_schema, payload_slots, spark_schema,
                                 sql_type)
 from mjoin.engine.results import write_parquet
-from mjoin.lake import contract, fsutil
+from mjoin.lake import contract
 from mjoin.model import eventtime, punctuation as pmod
+from mjoin.runtime import fsutil
 from mjoin.runtime.pools import shared_pool
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.lake.contract)

@@ -9,7 +9,7 @@ run is a pure function of the lake: it is re-run, never resumed). Its outputs ar
 run, not per batch: each task's results of all its batches in few files of one range folder
 ``results/<query>/batches=<first>-<last>/`` (a ``_batch`` column) under one ``_SUCCESS``, its
 rejected rows likewise per stream, the metrics records as one ``metrics.jsonl``
-(:mod:`mjoin.engine.results` and :mod:`mjoin.lake.quarantine` read both layouts).
+(:mod:`mjoin.engine.results` and :mod:`mjoin.engine.quarantine` read both layouts).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from mjoin.engine.routing import task_groups
 from mjoin.engine.sparkplan import strategies
 from mjoin.engine.state import StateWriter, file_key, load_state
 from mjoin.engine.tasks import driver_stage, partition_id, read_parts, rejects_by_stream, spark_stage, split_rejects
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 
 #: a pipelined run on the driver uses more than one thread only when its batches average this many stage-1 rows
 #: (sf 1 seed query, 604 k rows: one thread ran the operator in 4.4-5.0 s against 5.8-6.2 s on two at 360
@@ -210,7 +210,7 @@ def run_pipelined(runner: BatchRunner, batches: list, routed, inputs: dict, plan
     each task runs all of its buckets of a class in one operator call, see :func:`pipelined_task`).
     Outputs: the results of all the batches in one range folder ``results/<query>/batches=<first>-<last>/``
     with one ``_SUCCESS`` (:mod:`mjoin.engine.results`), the rejected rows in
-    ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.lake.quarantine`)."""
+    ``quarantine/<query>/<stream>/rows/batches=<first>-<last>/`` (:mod:`mjoin.engine.quarantine`)."""
     spark, eq, cfg = runner.spark, runner.eq, runner.config
     extras = extras or {}
     batches = sorted(batches)

@@ -12,7 +12,7 @@ Two layouts under ``<lake>/results/<query>/``, read by one reader (:func:`result
 A batch counts once its folder's ``_SUCCESS`` exists. A batch's own folder wins over a range that holds
 it: only a later run of that batch can have written it (a pipelined run first clears the batch folders
 and the overlapping ranges of its batches, :func:`clear_batches`). The quarantine's rejected rows
-(:mod:`mjoin.lake.quarantine`) use the same two folder names.
+(:mod:`mjoin.engine.quarantine`) use the same two folder names.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.runtime import fsutil
 
 BATCH_DIR = re.compile(r"^batch=(\d+)$")
 RANGE_DIR = re.compile(r"^batches=(\d+)-(\d+)$")

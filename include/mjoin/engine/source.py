@@ -44,8 +44,8 @@ from pyarrow import fs as pafs
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, SupportsTriggerAvailableNow
 
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

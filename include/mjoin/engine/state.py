@@ -41,8 +41,8 @@ from pyarrow import fs as pafs
 
 from mjoin.engine.config import EngineError
 from mjoin.engine.operator import KeyedRows
-from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 MANIFEST = re.compile(r"^v(\d{8})\.json$")

@@ -41,10 +41,11 @@ from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, 
 from mjoin.engine.source import FileLog, batch_offsets, file_log_dir, source_frame
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.watermark import Watermarks
-from mjoin.lake import contract, fsutil
+from mjoin.lake import contract
 from mjoin.lake.registry import PlanRegistry, RegistryError
 from mjoin.model.plan import PlanError
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

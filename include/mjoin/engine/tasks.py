@@ -19,7 +19,7 @@ from pyspark import TaskContext
 from mjoin.engine.operator import KIND_REJECT
 from mjoin.engine.results import write_parquet
 from mjoin.engine.sparkplan import physical_info
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 from mjoin.runtime.pools import shared_pool
 
 log = logging.getLogger(__name__)

@@ -42,11 +42,11 @@ from mjoin.gates.config import GateConfig
 from mjoin.gates.forecast import check_forecast
 from mjoin.gates.plan import check_plan
 from mjoin.gates.stats import check_statistics
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.optimizer.cost import plan_cost, resolve_cost_model
 from mjoin.optimizer.strategies import optimize
+from mjoin.runtime import fsutil
 from mjoin.stats.history import read_history, snapshot
 from mjoin.stats.job import run_statistics
 

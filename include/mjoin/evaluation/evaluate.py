@@ -39,7 +39,6 @@ from mjoin.engine.interval import run_interval_plans
 from mjoin.engine.metrics import read_metrics
 from mjoin.evaluation.report import write_evaluation_report
 from mjoin.forecast import holt as forecast_mod
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.model.keygroups import num_groups
 from mjoin.model.plan import make_plan, orders_from_permutation
@@ -49,6 +48,7 @@ from mjoin.model.timeutil import iso, parse_duration, parse_time
 from mjoin.optimizer.cost import GroupOverhead, plan_cost, resolve_cost_model
 from mjoin.optimizer.partitioning import Cells, optimize_partitioned
 from mjoin.optimizer.strategies import optimize
+from mjoin.runtime import fsutil
 from mjoin.stats.cells import cell_map, history_for_rule, regroup_rows
 from mjoin.stats.history import CELL_KINDS, HistoryError, history_root, read_cells, read_history
 from mjoin.stats.job import StatsConfig, run_statistics

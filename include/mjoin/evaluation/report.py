@@ -12,7 +12,7 @@ import os
 
 import pandas as pd
 
-from mjoin.lake import fsutil
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +183,16 @@ def _html(result, table, plots) -> str:
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:left}th{background:#eee}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>mjoin evaluation</title><style>{style}</style>"
             f"</head><body>{''.join(parts)}</body></html>")
+
+
+def format_summary(summary: list[dict]) -> str:
+    lines = [f"{'initial order':<14} {'strategy':<18} {'probe work':>11} {'vs oracle':>9} {'engine s':>9} {'changes':>7}"
+             f"  key groups"]
+    oracle = {s["initial_order"]: s["probe_work"] for s in summary if s["strategy"] == "oracle"}
+    for s in summary:
+        base = oracle.get(s["initial_order"])
+        rel = f"{(s['probe_work'] / base - 1) * 100:+.1f}%" if base else "-"
+        lines.append(f"{s['initial_order']:<14} {s['strategy']:<18} {s['probe_work']:>11,} {rel:>9} "
+                     f"{s['batch_seconds']:>9.2f} {s['plan_changes']:>7}  "
+                     + ",".join(str(g) for g in s.get("key_groups", [])))
+    return "\n".join(lines)

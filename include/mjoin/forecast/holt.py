@@ -49,9 +49,9 @@ import pandas as pd
 from scipy.stats import norm
 
 from mjoin.forecast.bound import ForecastBound
-from mjoin.lake.fsutil import atomic_write_text
 from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mjoin.lake import fsutil
 from mjoin.model.statistics import ROW_COLUMNS, Statistics
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 from mjoin.stats.history import read_history as read_parquet_history
 
 

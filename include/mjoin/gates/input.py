@@ -52,10 +52,10 @@ from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
 from mjoin.gates.input_spark import scan_with_spark
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import input_cycles_suite, input_files_suite
-from mjoin.lake import fsutil
 from mjoin.lake.contract import (FileFacts, Seen, file_size, footer_fingerprint, inspect as inspect_file,
                                  to_epoch_seconds, type_problem)
 from mjoin.model.timeutil import cycles as cycle_starts, iso, parse_duration, parse_time
+from mjoin.runtime import fsutil
 
 # ---- schema --------------------------------------------------------------------------------
 

@@ -23,10 +23,10 @@ from mjoin.gates.base import GateRun
 from mjoin.gates.config import GateConfig
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import plan_document_suite, plan_orders_suite
-from mjoin.lake.fsutil import read_text
 from mjoin.model.plan import Plan, PlanError
 from mjoin.model.schemas import SchemaError
 from mjoin.optimizer.cost import plan_cost
+from mjoin.runtime.fsutil import read_text
 
 CostFn = Callable[[Plan], float]
 

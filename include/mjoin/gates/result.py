@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from typing import Any
 
-from mjoin.lake.fsutil import atomic_write_text
 from mjoin.model.timeutil import iso
+from mjoin.runtime.fsutil import atomic_write_text
 
 PASSED, FAILED, NO_CHANGE = "passed", "failed", "no_change"
 STATUSES = (PASSED, FAILED, NO_CHANGE)

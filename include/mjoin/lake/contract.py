@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.lake import fsutil
 from mjoin.model.eventtime import arrow_kind, micros_arrow
+from mjoin.runtime import fsutil
 from mjoin.runtime.pools import shared_pool
 
 #: rule -> quarantine reason (what the engine's metrics count, per stream and batch)

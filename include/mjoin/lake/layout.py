@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
-from mjoin.lake import fsutil
 from mjoin.model.punctuation import FILE
+from mjoin.runtime import fsutil
 from mjoin.runtime.resources import Resources
 
 ARRIVAL = re.compile(r"^arrival=(\d+)$")

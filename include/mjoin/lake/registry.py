@@ -35,9 +35,9 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from mjoin.lake import fsutil
 from mjoin.model.plan import Plan, PlanError, load_plan
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 VERSION_FILE = re.compile(r"^v(\d{6})\.json$")
 

@@ -9,15 +9,16 @@ import math
 import time
 from datetime import datetime, timedelta, timezone
 
+from mjoin.engine.quarantine import job_report
 from mjoin.gates.input import check_input as input_gate, first_arrival
 from mjoin.gates.stats import check_statistics as statistics_gate
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
-from mjoin.lake.quarantine import job_report
 from mjoin.lake.registry import PlanRegistry
-from mjoin.loop.config import LoopConfig, NoChange, StepFailed, finish_gate, interval_for, run_dir, stats_root, write_doc
+from mjoin.loop.config import (LoopConfig, NoChange, StepFailed, finish_gate, interval_for, run_dir, stats_root,
+                               write_doc)
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime import fsutil
 from mjoin.stats.history import list_cycles, read_history
 from mjoin.workloads.lander import land as land_workload
 

@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 
 from mjoin.gates.config import GateConfig
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.model.query import QuerySpecError, load_query
 from mjoin.model.timeutil import iso, parse_duration, parse_time
 from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS
+from mjoin.runtime import fsutil
 from mjoin.runtime.resources import Resources
 from mjoin.stats.history import history_root
 

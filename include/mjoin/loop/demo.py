@@ -17,13 +17,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from mjoin.commands.evaluate import format_summary
-from mjoin.lake import fsutil
+from mjoin.evaluation.report import format_summary
 from mjoin.lake.layout import Lake
 from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
 from mjoin.loop.config import LoopConfig, run_dir
 from mjoin.model.query import load_query
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime import fsutil
 from mjoin.runtime.resources import PROJECT_DIR
 from mjoin.workloads.tpcds_replay import generate_tpcds
 

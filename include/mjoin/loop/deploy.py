@@ -9,11 +9,11 @@ import time
 
 from mjoin.engine.control import JobControl
 from mjoin.engine.metrics import BATCH_FILE
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry, RegistryError
 from mjoin.loop.config import LoopConfig, NoChange, StepFailed, pct, stats_root, write_doc
 from mjoin.model.plan import load_plan
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

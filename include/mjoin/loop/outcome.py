@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from mjoin.lake import fsutil
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, write_doc
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

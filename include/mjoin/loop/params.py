@@ -12,14 +12,13 @@ naming the unknown key and the known ones).
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 from mjoin.model.query import QUERIES_DIR
 from mjoin.runtime.jvm import jar_path
-from mjoin.runtime.resources import spark_remote_from_env
+from mjoin.runtime.resources import spark_bin, spark_remote_from_env
 
 #: the re-optimization period = the DAG schedule (minutes); one run covers [logical_date - PERIOD, logical_date)
 PERIOD_MINUTES = int(os.environ.get("MJOIN_PERIOD_MINUTES", "5"))
@@ -78,17 +77,6 @@ REOPTIMIZE_PARAMS = {
     "namespace": ("", "string", {}, "lake namespace (empty: live; backfills default to eval/backfill)"),
     "initial_order": ("", "string", {}, "comma-separated stream order for the fixed strategy / the first plan"),
 }
-
-
-def spark_bin() -> str:
-    """The folder holding ``spark-submit``: beside this interpreter (the project's venv), else pyspark's own."""
-    here = Path(sys.executable).parent
-    if (here / "spark-submit").exists():
-        return str(here)
-    spec = importlib.util.find_spec("pyspark")  # locates the package without importing it
-    if spec and spec.submodule_search_locations:
-        return str(Path(list(spec.submodule_search_locations)[0]) / "bin")
-    return str(here)
 
 
 def spark_env() -> dict:

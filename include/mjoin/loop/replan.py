@@ -14,7 +14,6 @@ from mjoin.engine.metrics import read_metrics
 from mjoin.forecast.holt import ForecastConfig, forecast as holt
 from mjoin.gates.forecast import check_forecast as forecast_gate
 from mjoin.gates.plan import check_plan as plan_gate
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, finish_gate, read_doc, stats_root, write_doc
@@ -24,6 +23,7 @@ from mjoin.optimizer.calibrate import CalibrationError, calibrate_from_lake
 from mjoin.optimizer.cost import GroupOverhead, plan_cost
 from mjoin.optimizer.partitioning import Cells, optimize_partitioned, overhead_from_metrics
 from mjoin.optimizer.strategies import optimize as run_optimizer
+from mjoin.runtime import fsutil
 from mjoin.stats.cells import history_for_rule
 from mjoin.stats.effective import effective_statistics, engine_state_summary
 from mjoin.stats.history import CELL_KINDS, HistoryError, read_cells

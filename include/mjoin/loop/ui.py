@@ -14,12 +14,12 @@ import os
 import re
 
 from mjoin.engine.metrics import read_metrics
+from mjoin.engine.quarantine import per_batch
 from mjoin.evaluation.report import html_table
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
-from mjoin.lake.quarantine import per_batch
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.params import query_choices
+from mjoin.runtime import fsutil
 
 OUTCOME = "outcome.json"
 

@@ -18,11 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mjoin.lake.fsutil import atomic_write_text, read_text
 from mjoin.model.keygroups import num_groups, rule_problems
 from mjoin.model.query import stream_order_from
 from mjoin.model.schemas import SchemaError, validate_document
 from mjoin.model.timeutil import iso
+from mjoin.runtime.fsutil import atomic_write_text, read_text
 
 SCHEMA_VERSION = 1
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mjoin.lake import fsutil
 from mjoin.model.timeutil import iso, to_epoch
+from mjoin.runtime import fsutil
 
 FILE = re.compile(r"^punctuation-[\w.-]+\.json$")
 VERSION = 1

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from mjoin.lake.fsutil import atomic_write_text, read_text
 from mjoin.model.schemas import validate_document
 from mjoin.model.timeutil import iso, parse_time
+from mjoin.runtime.fsutil import atomic_write_text, read_text
 
 SCHEMA_VERSION = 1
 STREAM_FIELDS = ("lambda", "kappa", "window_tuples")

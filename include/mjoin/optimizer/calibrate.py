@@ -45,10 +45,10 @@ import numpy as np
 from scipy.optimize import nnls
 
 from mjoin.engine.metrics import read_metrics
-from mjoin.lake import fsutil
-from mjoin.lake.fsutil import read_text
 from mjoin.lake.layout import Lake
 from mjoin.optimizer.cost import STATES, CostModel
+from mjoin.runtime import fsutil
+from mjoin.runtime.fsutil import read_text
 
 log = logging.getLogger(__name__)
 

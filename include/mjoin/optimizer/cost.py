@@ -74,9 +74,9 @@ from typing import Sequence
 
 import numpy as np
 
-from mjoin.lake.fsutil import atomic_write_text, read_text
 from mjoin.model.keygroups import num_groups, rule_problems
 from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
+from mjoin.runtime.fsutil import atomic_write_text, read_text
 from mjoin.stats.cells import cell_map
 
 STATES = ("sorted", "hash")

@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from mjoin.loop.params import spark_bin
-from mjoin.runtime.resources import PROJECT_DIR, Resources
+from mjoin.runtime.resources import PROJECT_DIR, Resources, spark_bin
 from mjoin.runtime.spark import BASE_CONF, tcp_problem
 
 CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -18,7 +18,9 @@ from the Airflow connection ``spark_default`` instead.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,3 +72,21 @@ class Resources:
             spark_conf=_parse_conf(env.get("MJOIN_SPARK_CONF", "")),
             spark_remote=remote,
         )
+
+
+def pyspark_dir() -> Path | None:
+    """The installed PySpark package's folder, located without importing it (an import costs ~0.4 s, and the
+    DAG files' parsing reaches this)."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return None
+
+
+def spark_bin() -> str:
+    """The folder holding ``spark-submit``: beside this interpreter (the project's venv), else pyspark's own."""
+    here = Path(sys.executable).parent
+    if (here / "spark-submit").exists():
+        return str(here)
+    home = pyspark_dir()
+    return str(home / "bin") if home else str(here)

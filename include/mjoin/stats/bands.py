@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mjoin.engine.operator import within_band
-from mjoin.lake import fsutil
 from mjoin.model import eventtime
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

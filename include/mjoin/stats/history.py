@@ -35,9 +35,9 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from mjoin.lake import fsutil
 from mjoin.model.statistics import ROW_COLUMNS, Statistics, StatisticsError, json_default
 from mjoin.model.timeutil import iso, parse_time, to_epoch
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mjoin.lake import fsutil
 from mjoin.model import eventtime
 from mjoin.model.keygroups import group_of, sql_group_expr
+from mjoin.runtime import fsutil
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from mjoin.lake import fsutil
 from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso, to_epoch
+from mjoin.runtime import fsutil
 from mjoin.workloads.errors import WorkloadError
 from mjoin.workloads.manifest import Manifest, load_manifest
 

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import zipfile
 
-import pyspark
+from mjoin.runtime.resources import pyspark_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JAR = os.path.join(HERE, "mjoin-jvm.jar")
@@ -61,7 +61,7 @@ def build(quiet: bool = False) -> str | None:
             print("mjoin.runtime.jvm: no javac (a JDK is not installed): not built; the streaming job uses Spark's own "
                   "checkpoint file manager (the same results; ~30 ms more per micro-batch)")
         return None
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
+    jars = os.path.join(str(pyspark_dir()), "jars", "*")
     with tempfile.TemporaryDirectory() as out:
         done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", jars, "-d", out] + _sources(),
                               capture_output=True, text=True)

@@ -40,9 +40,9 @@ import pyarrow.parquet as pq
 from mjoin.engine.metrics import read_metrics
 from mjoin.engine.normalize import add_counts
 from mjoin.engine.results import batch_folders
-from mjoin.lake import fsutil
 from mjoin.lake.contract import inspect
 from mjoin.model.timeutil import iso
+from mjoin.runtime import fsutil
 
 
 class QuarantineError(ValueError):
