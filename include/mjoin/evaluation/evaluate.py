@@ -17,7 +17,7 @@ For every interval ``[t_k, t_k + period)`` of ``[start, end)``:
   choice and orders on the interval's own per-cell statistics); queries on several
   attribute classes, or without per-cell statistics, get one group (noted);
 - every distinct plan is run by the engine's interval evaluation
-  (``mjoin.engine.run_interval_plans``: input read once, state built from the
+  (``mjoin.engine.interval.run_interval_plans``: input read once, state built from the
   window before ``t_k``), and its cost measured: wall time of the batches, time
   in the probe steps, and the deterministic probe work (lookups and matches);
 - results must be identical for every plan (same multiset size): checked.

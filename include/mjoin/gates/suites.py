@@ -233,7 +233,7 @@ def stats_values_suite(query, cfg):
 @_built_once
 def history_columns_suite(query):
     """Frame: the statistics history the forecast is compared with (only its columns matter)."""
-    return make_suite(f"mjoin.forecast.holt.history_columns.{query.name}", [
+    return make_suite(f"mjoin.forecast.history_columns.{query.name}", [
         expect("ExpectTableColumnsToMatchSet", _doc("forecast.history_columns_present",
                                                      "the statistics history the forecast is compared with has the "
                                                      "tidy columns; if not, the plausibility rules cannot run"),
@@ -293,7 +293,7 @@ def stats_history_suite(query, cfg):
 @_built_once
 def forecast_document_suite(query):
     """Frame ``document``: one row (schema_problem: why the forecast could not be read, or None)."""
-    return make_suite(f"mjoin.forecast.holt.document.{query.name}", [
+    return make_suite(f"mjoin.forecast.document.{query.name}", [
         expect("ExpectColumnValuesToBeNull", _doc("forecast.schema_valid",
                                                    "the forecast validates against schemas/statistics.schema.json"),
                "only a well-formed statistics document can be planned with", "{schema_problem}", column="schema_problem"),
@@ -303,7 +303,7 @@ def forecast_document_suite(query):
 @_built_once
 def forecast_values_suite(query, cfg):
     """Frame ``values``: the forecast snapshot as tidy rows (same columns as the statistics gate's)."""
-    return make_suite(f"mjoin.forecast.holt.values.{query.name}", _value_rules("forecast", query))
+    return make_suite(f"mjoin.forecast.values.{query.name}", _value_rules("forecast", query))
 
 
 _doc("forecast.has_recent_history", "every forecast value has at least one value of recent history to compare with")
@@ -317,7 +317,7 @@ def forecast_plausibility_suite(query, cfg):
     floor = (f"spread >= max({cfg.forecast_floor_rel:g} x |median|, {cfg.forecast_floor_abs:g}; "
              f"{cfg.forecast_floor_abs_gamma:g} for gamma)")
     spread = "1.4826 x median absolute deviation" if cfg.forecast_spread == "mad" else "standard deviation"
-    return make_suite(f"mjoin.forecast.holt.plausibility.{query.name}", [
+    return make_suite(f"mjoin.forecast.plausibility.{query.name}", [
         expect("ExpectColumnValuesToBeBetween", "forecast.has_recent_history",
                "a forecast for a series without recent history cannot be judged", "{field}{where}: no recent history",
                column="n_history", min_value=1),
@@ -351,12 +351,12 @@ def plan_document_suite(query, cfg, *, schema_only: bool = False, for_query_only
     rules = [expect("ExpectColumnValuesToBeNull", "plan.schema_valid", "only a well-formed plan can be deployed",
                     "{schema_problem}", column="schema_problem")]
     if schema_only:
-        return make_suite(f"mjoin.model.plan.document.{query.name}", rules)
+        return make_suite(f"mjoin.plan.document.{query.name}", rules)
     rules.append(expect("ExpectColumnValuesToBeInSet", "plan.for_this_query",
                         f"a plan for another query cannot run {query.name}", "plan is for query {plan_query}",
                         column="plan_query", value_set=[query.name]))
     if for_query_only:
-        return make_suite(f"mjoin.model.plan.document.{query.name}", rules)
+        return make_suite(f"mjoin.plan.document.{query.name}", rules)
     rules += [
         expect("ExpectColumnValuesToBeInSet", "plan.same_spec_version",
                f"the plan was made for another version of the spec (this one is {query.fingerprint})",
@@ -375,13 +375,13 @@ def plan_document_suite(query, cfg, *, schema_only: bool = False, for_query_only
                    "improvement {improvement_pct} (cost {estimated_cost} vs active {active_cost})",
                    outcome=NO_CHANGE, column="improvement", min_value=cfg.improvement_threshold),
         ]
-    return make_suite(f"mjoin.model.plan.document.{query.name}", rules)
+    return make_suite(f"mjoin.plan.document.{query.name}", rules)
 
 
 @_built_once
 def plan_orders_suite(query, cfg):
     """Frame ``orders``: one row per key group x stream (where = ``order[s] g<k>``, order, complete)."""
-    return make_suite(f"mjoin.model.plan.orders.{query.name}", [
+    return make_suite(f"mjoin.plan.orders.{query.name}", [
         expect("ExpectColumnValuesToBeInSet", "plan.every_stream_has_complete_order",
                "every new tuple of every stream must be probed against all other streams",
                "order{where} = {order}", column="complete", value_set=[True]),

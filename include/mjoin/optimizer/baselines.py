@@ -11,7 +11,7 @@ from mjoin.optimizer.cost import CostModel, JoinProblem
 
 def fixed(problem: JoinProblem, query, initial_order: Sequence[str]) -> dict:
     """fixedOrder: stream X probes the others in the order of ``initial_order``, skipping
-    itself (``mjoin.model.plan.orders_from_permutation``, the paper's experiment); never changed."""
+    itself (``mjoin.plan.orders_from_permutation``, the paper's experiment); never changed."""
     orders = orders_from_permutation(query, initial_order)
     return {problem.index[s]: [(problem.index[l], problem.index[r]) for l, r in pairs] for s, pairs in orders.items()}
 
