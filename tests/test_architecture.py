@@ -15,6 +15,7 @@ LIBRARY = PROJECT / "include" / "mjoin"
 
 #: (file under include/mjoin, top-level module imported) -> why the import is made where it is used
 LAZY = {
+    ("gates/input.py", "mjoin.gates.input_spark"): "the input gate imports no Spark unless asked to scan with it",
     ("gates/gxengine.py", "great_expectations"): "2.5-8 s to import; every gate module (every loop step) imports it",
     ("forecast/holt.py", "statsmodels"): "1.5-3 s to import; readers of a forecast fit none",
     ("evaluation/report.py", "matplotlib"): "1-2 s to import; only a plot needs it",
@@ -33,11 +34,12 @@ def test_import_contracts_hold():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, env=env, timeout=300)
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, f"an import contract is broken:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
-    assert "0 broken" in proc.stdout and "4 kept" in proc.stdout
+    assert "0 broken" in proc.stdout and "5 kept" in proc.stdout
 
 
 def _function_level_imports(path: Path):
-    """``(line, top-level module)`` of every import inside a function or class body of ``path``."""
+    """``(line, module)`` of every import inside a function or class body of ``path``: the top-level package of a
+    library, the whole name of one of mjoin's modules."""
     tree = ast.parse(path.read_text())
     top = set()
     for node in tree.body:  # module level, also under if/try
@@ -47,7 +49,8 @@ def _function_level_imports(path: Path):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
             name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            yield node.lineno, ("." if getattr(node, "level", 0) else (name or "").split(".")[0])
+            root = (name or "").split(".")[0]
+            yield node.lineno, ("." if getattr(node, "level", 0) else name if root == "mjoin" else root)
 
 
 def test_imports_sit_at_the_top_unless_a_measured_reason_keeps_them_lazy():

@@ -49,7 +49,6 @@ import pyarrow.parquet as pq
 from mjoin.gates.base import GateRun
 from mjoin.gates.bounds import count_limit, row_alpha, rows_floor, tolerated_share
 from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
-from mjoin.gates.input_spark import scan_with_spark
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import input_cycles_suite, input_files_suite
 from mjoin.lake.contract import (FileFacts, Seen, file_size, footer_fingerprint, inspect as inspect_file,
@@ -453,6 +452,9 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
                         "fingerprint": summaries[p]["fingerprint"]} for _, p in files]
         dups = find_duplicates(candidates, cfg.positional_file_names)
         if use_spark:
+            # imported here, not at the top: the input gate imports no Spark unless it is asked to scan with it
+            from mjoin.gates.input_spark import scan_with_spark
+
             # one Spark scan per set of usable columns (and their types): a multi-file read needs one schema
             batches = defaultdict(list)
             for p, x in summaries.items():
