@@ -2,7 +2,7 @@
 
 The reference never uses engine code: it is one plain SQL query per spec, built from
 the spec's predicates, windows and outputs with the textbook semantics
-``max(ts) - ts_i < W_i`` for every stream i (ALGORITHMS.md, "Notation").
+``max(ts) - ts_i < W_i`` for every stream i (docs/algorithms.md, "Notation").
 """
 from __future__ import annotations
 

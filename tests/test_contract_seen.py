@@ -1,4 +1,4 @@
-"""contract.Seen, indexed per stream by size, name and fingerprint (issue 15): the same verdicts as a scan of
+"""contract.Seen, indexed per stream by size, name and fingerprint (so it stays cheap at thousands of files): the same verdicts as a scan of
 every remembered file in order (the definition of input.no_duplicate_files), on random landings."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-cycle loop replay and issue 16's evaluation pieces (bench/evaluation):
+"""The per-cycle loop replay and the evaluation's pieces (bench/evaluation):
 
 - covering orders run every probe order of every stream;
 - the loop's step (gate calls shared and skipped where they cannot change a plan) deploys exactly what the plan

@@ -1,4 +1,4 @@
-"""The join job enforces the landing contract itself, with the input gate's rules (issue 20).
+"""The join job enforces the landing contract itself, with the input gate's rules (one rule for both: they can never disagree).
 
 Into one arrival folder of store_returns land: a truncated Parquet file, a text file named .parquet,
 new rows with ``sr_addr_sk`` written as a string, new rows without ``sr_addr_sk``, new rows whose

@@ -87,7 +87,7 @@ def test_default_plan_and_metrics_record(spark, tpcds_lake, seed_query, seed_ref
         assert key in rec, key
     assert rec["engine"] == "mjoin" and rec["mode"] == "interval" and rec["state_backend"] == "sorted"
     assert rec["plan_strategy"] == "fixedOrder" and rec["plan_source"] == "default"
-    # one plan: the files are read once, routed (one exchange) and joined in one Spark job (issue 15)
+    # one plan: the files are read once, routed (one exchange) and joined in one Spark job
     stages = rec["execution"]["spark_stages"]
     assert s.extra["execution"] == "fused" and [st["kind"] for st in stages] == ["input", "operator"]
     # the input stage's tasks read the files themselves (normalize.scan_streams): Spark counts one input row per

@@ -1,7 +1,7 @@
 """Streaming queries with two and three attribute classes: batches holding any subset of the streams,
 tuples that expire inside the batch that needs them, restarts with a backlog; streaming = interval.
 
-The two reproductions of issue 21 use its spec and landings verbatim; the randomized test draws small
+The two reproductions (partial batches of a two-class query that crashed the job) use their spec and landings verbatim; the randomized test draws small
 two- and three-class specs with unequal windows, landings and ``--max-files-per-trigger`` values and
 compares the streaming results with the interval run (and both with DuckDB) as multisets of full rows.
 """

@@ -23,7 +23,7 @@ def hist(seed_query):
 
 
 def holt_forecast(query, hist: pd.DataFrame) -> Statistics:
-    """A real one-step forecast with statsmodels Holt (damped for gamma), clipped as ALGORITHMS.md says."""
+    """A real one-step forecast with statsmodels Holt (damped for gamma), clipped as docs/algorithms.md, "Forecasting" says."""
     from statsmodels.tsa.holtwinters import Holt
 
     fc = snapshot(query, cycle_iso(N), kind="forecast")

@@ -16,7 +16,7 @@ from test_gates_support import cycle_iso, snapshot
 
 
 def paper_cost(query, stats):
-    """Cost of a plan under ``stats`` (ALGORITHMS.md Eq. 1-8, one attribute class, rho = 1, sorted-array
+    """Cost of a plan under ``stats`` (docs/algorithms.md Eq. 1-8, one attribute class, rho = 1, sorted-array
     state f = log): sum over streams of lambda_s x C(order of s), per group. Written here, independently
     of the optimizer's module, to drive the gate's improvement rule."""
     def order_cost(pairs, g):

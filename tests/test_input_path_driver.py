@@ -1,4 +1,4 @@
-"""The interval input path's driver work (issue 15): the lake listed once per source, the accepted files
+"""The interval input path's driver work: the lake listed once per source, the accepted files
 read by Spark through globs that match exactly them, and the footer read once per file."""
 from __future__ import annotations
 

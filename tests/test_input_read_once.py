@@ -1,4 +1,4 @@
-"""The driver's input read once (issue 15): a group of same-schema files is read in one multi-threaded scan and
+"""The driver's input read once: a group of same-schema files is read in one multi-threaded scan and
 normalised as one table, exactly as file by file (rows, reasons, each rejected row's file and raw JSON); a file
 whose data does not read (or is gone) is quarantined whole as ``unreadable`` while the others are read; and the
 contract's footer facts are remembered per (path, size, mtime, inode) and read again when the file changes."""

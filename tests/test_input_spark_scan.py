@@ -1,4 +1,4 @@
-"""The Spark path's input read by its tasks with the driver's reader (issue 15, ``normalize.scan_streams``): the
+"""The Spark path's input read by its tasks with the driver's reader (the engine-throughput work on the input path, ``normalize.scan_streams``): the
 frame equals Spark's file source and SQL projection (``normalize_streams(scan=False)``) and the driver's
 ``normalize_local`` row for row, column for column; an interval run on the Spark path equals the driver path's
 (results fingerprint, counts, quarantine); a file whose data page is corrupt (footer fine) is quarantined

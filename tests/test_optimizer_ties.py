@@ -1,4 +1,4 @@
-"""Ties of the cost model after a step forecast empty, and how dppick and exact break them (issue 16 point 3).
+"""Ties of the cost model after a step forecast empty, and how dppick and exact break them (the drift evaluation, bench/evaluation/README.md).
 
 Eq. 8: ``C(o_k) = alpha_q f(kappa_r) + gamma (alpha_m mu + rho C(o_{k+1}))``. With ``gamma = 0`` on a step every
 tail after it costs the same, and before the gamma floor each optimizer's own tie-break chose the tail: dppick the

@@ -1,5 +1,5 @@
 """The driver's interval routing sorts its rows by (batch, class, bucket, stream, key) with NULLs first and
-stable (issue 15): ``interval.sort_order`` packs the columns into one int64 where they fit and must give exactly
+stable: ``interval.sort_order`` packs the columns into one int64 where they fit and must give exactly
 Arrow's multi-key sort, including where they do not fit (Arrow's sort then)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Benchmark: the same engine runs in local mode (local[2]) and on the native two-worker standalone cluster
-(2 workers x 1 core: the same cores), issue 18.
+(2 workers x 1 core: the same cores), on the native cluster of docs/cluster.md.
 
     make cluster-up
     flock /tmp/mjoin-bench.lock .venv/bin/python bench/cluster/bench_cluster.py            # sf 1, 3 rounds

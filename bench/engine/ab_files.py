@@ -1,4 +1,4 @@
-"""Benchmark: the files a pipelined interval run writes per batch (issue 16 point 4, issue 15), two code
+"""Benchmark: the files a pipelined interval run writes per batch (the peers comparison and the engine-throughput goals), two code
 trees side by side in alternating processes (A B B A A B ...) on the same lake, so both see the same load.
 
     flock /tmp/mjoin-bench.lock nice -n 5 .venv/bin/python bench/engine/ab_files.py --base <tree> \

@@ -1,4 +1,4 @@
-"""The loop's fixed costs step by step, two versions of the code side by side (issue 16 point 5).
+"""The loop's fixed costs step by step, two versions of the code side by side (the goal: the loop's overhead under 5% of the join).
 
     flock /tmp/mjoin-bench.lock nice -n 5 .venv/bin/python bench/evaluation/overhead.py \
         --workload /tmp/w/tpcds-sf0.1-7m --base main [--cycles 12 --period 120 --periods 2 --reps 3 --tag quick]

@@ -1,7 +1,7 @@
 """What a user would pick instead, on the same data: Flink (SQL text and CSV copies), DuckDB, and the checks that
 every peer returns exactly the engine's result set (count and a fingerprint over all output columns).
 
-The window semantics of a spec (ALGORITHMS.md): ``(t_1..t_n)`` is a result iff every predicate holds and
+The window semantics of a spec (docs/algorithms.md, "Notation"): ``(t_1..t_n)`` is a result iff every predicate holds and
 ``max(ts) - ts_i < W_i`` for every i. Since ``max(ts) - ts_i = max_j (ts_j - ts_i)``, that is the conjunction
 over every ordered pair ``(i, j)`` of ``ts_j - ts_i < W_i``: pairwise interval conditions, which a SQL engine
 can evaluate exactly on the event times as integers (microseconds). :func:`flink_sql` writes them so.

@@ -1,4 +1,4 @@
-"""Benchmark: the engine's interval run on two code trees side by side (issue 15, the input path), in
+"""Benchmark: the engine's interval run on two code trees side by side (the input path), in
 alternating processes (A B B A ...) on the same landed data, so that both see the same machine load.
 
     MJOIN_CACHE=... python bench/scale/ab_input.py --base /tmp/base-tree --sf 1 --work /tmp/w

@@ -1,5 +1,5 @@
 """Benchmark: the interval run with and without the reject columns on the exchange, side by side in one process
-(issue 15, the input path's fifth round), on the same landed data, alternating A B B A per round.
+(the input path's fifth round), on the same landed data, alternating A B B A per round.
 
     flock /tmp/mjoin-bench.lock nice -n -5 .venv/bin/python bench/scale/ab_rejects.py --sf 1 --rounds 4
     ... --no-null-keys      # the lake without its NULL-key rows (bench_scale.drop_null_keys): no file can reject

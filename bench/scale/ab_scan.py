@@ -1,4 +1,4 @@
-"""Benchmark: the Spark path's two input readers side by side in one process (issue 15): the seed run at sf 1 with
+"""Benchmark: the Spark path's two input readers side by side in one process (the engine-throughput goals): the seed run at sf 1 with
 ``normalize.scan_streams`` (default) and with Spark's file source (``MJOIN_SPARK_SCAN=0``), alternating, 3 each after
 a warm-up of each; per run the wall, ``prepare_seconds``, the driver's contract checks and the input stage's Spark
 metrics (tasks, wall, task seconds, JVM CPU: the Python workers' CPU is not in it, shuffle bytes written).

@@ -1,5 +1,5 @@
 """Benchmark: the seed query's interval run (TPC-DS returns by address, one hour, 10-s cycles, the peers' plan) on
-two code trees side by side, on both input paths (issues 15 and 16: the input's share of the run), in alternating
+two code trees side by side, on both input paths (the engine-throughput goals: the input's share of the run), in alternating
 processes (base, new, new, base, ...) on the same lake, so that both see the same machine load.
 
     flock /tmp/mjoin-bench.lock .venv/bin/python bench/scale/ab_seed.py --base <tree> \\

@@ -1,4 +1,4 @@
-"""Benchmark: the engine's cost curve from TPC-DS sf 0.1 to sf 30 (issue 15), beside Spark's own chained
+"""Benchmark: the engine's cost curve from TPC-DS sf 0.1 to sf 30 (the engine-throughput goals), beside Spark's own chained
 joins (``--engine spark-native``) and a one-shot DuckDB query of the same semantics, in one run per size.
 
     python bench/scale/bench_scale.py --sf 1            # one size: both densities, 3 rounds

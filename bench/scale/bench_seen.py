@@ -1,4 +1,4 @@
-"""Benchmark: the contract's duplicate check (``contract.Seen``) as the number of files grows (issue 15).
+"""Benchmark: the contract's duplicate check (``contract.Seen``) as the number of files grows.
 
     python bench/scale/bench_seen.py                         # this tree against main, 720 and 5,000 files
     python bench/scale/bench_seen.py --base <rev> --files 720 5000 20000

@@ -1,4 +1,4 @@
-"""Profile: what the frame's width costs the input path (issue 15, the frame that crosses the one shuffle).
+"""Profile: what the frame's width costs the input path (the frame that crosses the one shuffle).
 
     MJOIN_CACHE=... flock /tmp/mjoin-bench.lock nice -n 0 .venv/bin/python bench/scale/profile_frame.py --sf 1
 

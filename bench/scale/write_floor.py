@@ -1,4 +1,4 @@
-"""Benchmark: what only writing the results costs at sf 10 (issue 15's 0.5x-DuckDB goal).
+"""Benchmark: what only writing the results costs at sf 10 (the goal: sf 10 in at most 0.5x DuckDB's time).
 
     MJOIN_CACHE=... flock /tmp/mjoin-bench.lock nice -n 5 .venv/bin/python bench/scale/write_floor.py \
         --sf 10 --density dense --work /tmp/scale-work

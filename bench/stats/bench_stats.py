@@ -1,5 +1,5 @@
 """Cost of the statistics job side by side with the join engine on the same interval and data
-(issue 4's goal: statistics for an interval cost at most 5% of what the engine spends on it).
+(the goal: statistics for an interval cost at most 5% of what the engine spends on it).
 
     python bench/stats/bench_stats.py                 # sf 0.1 and sf 1, cold and warm (the full run)
     python bench/stats/bench_stats.py --quick         # sf 0.1 only, warm only, one measured round

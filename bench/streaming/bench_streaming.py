@@ -1,4 +1,4 @@
-"""Benchmark: the streaming join job on a backlog and live (issue 14, point 4), beside the interval run and
+"""Benchmark: the streaming join job on a backlog and live (live operation on a lake fed in real time), beside the interval run and
 Spark's own chained stream-stream joins (``spark-native``), in one warm Spark session (every mjoin kind runs
 once, unmeasured, before the rounds).
 

@@ -7,7 +7,7 @@ For every preset: generate the workload, then per time bucket (1/12 of the
 duration) measure each stream's rate (tuples/s) and, for every ordered pair
 (l, r), gamma[l][r] = the share of l's tuples whose key appears in r's window
 (an r tuple with that key in (t - W, t], W = the spec's window), the statistic
-the stats job computes (ALGORITHMS.md, Eq. 9). Writes JSON and a PNG (one row per
+the stats job computes (docs/algorithms.md Eq. 9). Writes JSON and a PNG (one row per
 preset: rates, and gamma into and out of the most affected stream).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Pure (no Spark): :class:`EngineQuery` numbers the streams (canonical order = spec
 order, the delta decomposition's order) and the attribute classes, names the
 columns every row carries, and :class:`CompiledPlan` cuts each probe order into
-same-class *segments* (ALGORITHMS.md, rho: a step into another attribute class
+same-class *segments* (docs/algorithms.md, "Cost model": a step into another attribute class
 needs the partial results materialised and re-bucketed by the new class key).
 
 Row layout shared by deltas, state files and partial results (the "frame"):

@@ -11,7 +11,7 @@ or chunk of a group on a thread pool) and the rules in Arrow (:func:`normalize_a
 file source and one SQL projection per group (:func:`normalize_group`: event times Spark parses,
 string patterns or expressions); every row is normalised:
 
-- ``_ts``: event time in epoch microseconds (ALGORITHMS.md: time windows);
+- ``_ts``: event time in epoch microseconds (docs/algorithms.md, "Notation");
 - ``_k_<class>``: the join keys as int64;
 - ``<stream>__<col>``: the output columns, cast to their declared types;
 - ``_reason``: why the row is rejected, or null: ``null_key``, ``bad_type`` (a value that does not

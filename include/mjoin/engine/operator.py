@@ -7,7 +7,7 @@ key group in the trial, see docs/engine.md).
 
 State: per (attribute class, stream, bucket) a :class:`KeyedRows`, rows sorted by key
 (stable: arrival order within a key) with a CSR index (unique keys + offsets): a
-sorted-array state, so a lookup costs ``log(kappa)`` (ALGORITHMS.md Eq. 6). Adding a
+sorted-array state, so a lookup costs ``log(kappa)`` (docs/algorithms.md Eq. 6). Adding a
 batch's rows merges two sorted runs (numpy's stable sort is a timsort: linear here).
 
 Probing within one attribute class is factorised (the paper's model, rho = 1):
@@ -27,7 +27,7 @@ work (other processes inflate wall time, not CPU time), which calibration uses.
 
 Time: a partial result keeps ``lo = max ts`` and ``hi = min(ts_i + W_i)`` of its
 members; a tuple ``r`` may join iff ``ts_r > lo - W_r`` and ``ts_r < hi``. That
-is exactly ``max(ts) - ts_i < W_i`` for every member (ALGORITHMS.md, "Notation").
+is exactly ``max(ts) - ts_i < W_i`` for every member (docs/algorithms.md, "Notation").
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Spark's file sources order new files by modification time when they cap a micro-
 (``maxFilesPerTrigger``) and silently skip files whose modification time is older than
 ``maxFileAge`` behind the newest one. Modification times do not follow arrival in a copied or
 restored lake, with several producers, or on object stores, so a catch-up over such a backlog
-gave batches in random arrival order and quarantined most rows as late (issue 14). The landing
+gave batches in random arrival order and quarantined most rows as late. The landing
 contract names the arrival instead: ``<lake>/streams/<source>/arrival=<epoch>/*.parquet``, one
 folder per source and arrival cycle, renamed into place whole (docs/workloads.md).
 

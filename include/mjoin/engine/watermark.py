@@ -5,7 +5,7 @@ job's watermark is the minimum over the streams that are not idle, and it never 
 A row is ``late`` (quarantined) iff its event time is below the job's watermark when its batch
 starts; after a batch, a state tuple of stream r is dropped once ``ts_r <= wm - W_r`` with ``wm``
 the watermark the batch started with: every later accepted row has ``ts >= wm``, so such a
-tuple can join none of them (ALGORITHMS.md: a result needs ``max(ts) - ts_r < W_r``).
+tuple can join none of them (docs/algorithms.md, "Notation": a result needs ``max(ts) - ts_r < W_r``).
 
 This is the policy of Spark's ``spark.sql.streaming.multipleWatermarkPolicy = min`` and of
 Flink's multi-input operators: one stream that runs ahead (a micro-batch holding later files of

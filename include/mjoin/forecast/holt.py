@@ -1,4 +1,4 @@
-"""One-step-ahead forecast of the statistics (runtime-optimization paper, section 4.3; ALGORITHMS.md).
+"""One-step-ahead forecast of the statistics (docs/algorithms.md, "Forecasting"; runtime-optimization paper, section 4.3).
 
     forecast(history, as_of, length=60) -> ForecastResult   (.statistics, .report, .to_json())
     last_value(history, as_of)          -> Statistics        (the paper's noSmooth)

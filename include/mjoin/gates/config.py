@@ -73,7 +73,7 @@ class GateConfig:
     input_engine: str = "pyarrow"
 
     # ---- 2. statistics gate ----------------------------------------------------------
-    #: cycles of history the forecast needs (ALGORITHMS.md: Holt falls back below ~10 points)
+    #: cycles of history the forecast needs (docs/algorithms.md, "Forecasting": Holt falls back below ~10 points)
     min_history: int = 10
 
     # ---- 3. forecast gate ------------------------------------------------------------

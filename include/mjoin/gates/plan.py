@@ -65,7 +65,7 @@ def _cost(cost_fn: CostFn | None, plan: Plan) -> tuple[float, str | None]:
 
 
 def model_cost_fn(query, stats, cost_model=None) -> CostFn:
-    """``cost_fn`` costing a plan with the project's cost model under ``stats`` (ALGORITHMS.md, Eq. 1-8).
+    """``cost_fn`` costing a plan with the project's cost model under ``stats`` (docs/algorithms.md Eq. 1-8).
 
     Uses :func:`mjoin.optimizer.cost.plan_cost`."""
     if cost_model is None:

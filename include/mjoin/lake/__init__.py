@@ -1,1 +1,2 @@
-"""The lake: its layout, the landing contract, the plan registry, the quarantine, and file I/O on any filesystem."""
+"""The lake: where everything lives (``layout``), the landing contract's file rules (``contract``), and the plan
+registry with its ACTIVE pointer (``registry``)."""

@@ -2,7 +2,7 @@
 
 A landed file is joined only if it passes every rule below; otherwise the engine quarantines it
 whole (interval and streaming mode alike) and the gate fails with the same rule's name, so the two
-can never disagree (issue 20: the engine once joined a duplicate file and cast a string-key file
+can never disagree (the engine once joined a duplicate file and cast a string-key file
 that the gate rejected). The checks read only the Parquet footer (schema, row count, row-group
 statistics), plus the bytes of a file whose size equals an earlier file's (content duplicates).
 

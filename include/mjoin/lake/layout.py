@@ -1,4 +1,4 @@
-"""The lake layout (ARCHITECTURE.md, "The lake"): one place that knows where things live.
+"""The lake layout (docs/design.md, "The lake"): one place that knows where things live.
 
     <lake>/streams/<source>/arrival=<epoch>/part-<n>.parquet   landed input, by arrival cycle
     <lake>/quarantine/<query>/<stream>/...                     rejected rows and files, with a reason

@@ -125,7 +125,7 @@ def cost_model_path(cfg: LoopConfig) -> str | None:
 
 
 def calibrate(cfg: LoopConfig, query, run_dir: str) -> dict:
-    """Refit alpha_q, alpha_m and the per-call cost (ALGORITHMS.md Eq. 1-8) to the live join job's newest
+    """Refit alpha_q, alpha_m and the per-call cost (docs/algorithms.md Eq. 1-8) to the live join job's newest
     batches (``mjoin.optimizer.calibrate.calibrate_from_lake``), writing the model the optimizer and the plan gate read.
 
     Skipped for an explicit ``cost_model`` and in evaluation namespaces (their joins are not the live job's);

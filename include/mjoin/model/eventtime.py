@@ -1,4 +1,4 @@
-"""The event time of a row in epoch microseconds: the one rule (ALGORITHMS.md: time windows).
+"""The event time of a row in epoch microseconds: the one rule (docs/algorithms.md, "Notation").
 
 The engine decides what joins, so its rule is the rule; the statistics job, the input gate, the
 spark-native baseline and the driver-side (pyarrow) readers all use this module. The *kind* of an event

@@ -1,4 +1,4 @@
-"""Key-to-group rules of PMJoin partitioning (ALGORITHMS.md, "PMJoin").
+"""Key-to-group rules of PMJoin partitioning (docs/algorithms.md, "Key groups (PMJoin)").
 
 A plan may split the key domain of one attribute class into ``D`` groups and
 carry one order set per group. The rule is data, computable identically in

@@ -1,7 +1,7 @@
 """The plan format: one JSON document, versioned by ``schema_version``, validated on load.
 
 A plan gives, per key group and per stream ``s``, the probe order of ``s``'s new
-tuples: a list of probe pairs ``[l, r]`` (ALGORITHMS.md, "Notation"): at step
+tuples: a list of probe pairs ``[l, r]`` (docs/algorithms.md, "Notation"): at step
 ``k`` the partial result, which already holds ``s`` and ``r_1..r_{k-1}``, looks
 up the window state of ``r`` through the edge ``(l, r)``. Without partitioning
 there is one group, 0. Schema: ``schemas/plan.schema.json``.

@@ -1,6 +1,6 @@
 """Query specs: the one YAML format, its validation, the join graph and attribute classes.
 
-A spec names the streams of a multi-way sliding-window equi-join (ALGORITHMS.md,
+A spec names the streams of a multi-way sliding-window equi-join (docs/algorithms.md,
 "Notation"): per stream its source folder in the lake, event time, window,
 typed columns and join keys; the equi-join predicates; the output columns.
 

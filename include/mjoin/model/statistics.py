@@ -1,5 +1,5 @@
 """The one statistics schema: what the stats job writes, the forecast reads and writes,
-the gates check and the optimizer reads (ALGORITHMS.md, "Statistics per cycle").
+the gates check and the optimizer reads (docs/algorithms.md, "Statistics per cycle").
 
 Per key group ``g`` (group 0 only, when the plan has no partitioning):
 

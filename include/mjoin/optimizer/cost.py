@@ -1,4 +1,4 @@
-"""The probe-order cost model (ALGORITHMS.md "Cost model"; runtime-optimization paper, Eq. 1-8).
+"""The probe-order cost model (docs/algorithms.md, "Cost model", Eq. 1-8).
 
 Expected cost of the probe order ``o_1..o_{n-1}`` of one new tuple of stream ``s``::
 
@@ -12,7 +12,7 @@ Expected cost of the probe order ``o_1..o_{n-1}`` of one new tuple of stream ``s
   class ``c`` holds the same key value there (the partial result has checked all its
   predicates), so all class-``c`` edges from ``S`` to ``r`` fetch exactly the same
   tuples. The estimate uses the most selective of them: the edge with the lowest
-  ``gamma`` (ties: lowest ``mu``), as ALGORITHMS.md says.
+  ``gamma`` (ties: lowest ``mu``), as docs/algorithms.md, "Cost model" says.
 - ``phi_k``: residual filters. Edges from ``S`` to ``r`` in *other* classes are checked
   on the fetched tuples; assuming independence between classes, each other class
   multiplies the probability that the partial result continues by its lowest

@@ -1,5 +1,5 @@
 """Exact probe-order optimisation by dynamic programming over subsets (ours; same optimum as
-dpPick, ALGORITHMS.md "Probe-order optimizers").
+dpPick, docs/algorithms.md, "Probe-order optimizers").
 
 Under the model of ``mjoin.optimizer.cost`` the cost of the tail of a probe order depends only on
 the set ``S`` of streams already joined and on the first step of the tail. With

@@ -1,4 +1,4 @@
-"""PMJoin key groups chosen from the statistics (ALGORITHMS.md, "PMJoin"; PMJoin paper, section 3.3).
+"""PMJoin key groups chosen from the statistics (docs/algorithms.md, "Key groups (PMJoin)"; PMJoin paper, section 3.3).
 
 Candidate key-to-group rules for ``D`` groups, built from per-cell statistics (the statistics
 job's per-bucket ``pmod(key, B)`` and per-key-range cells, :mod:`mjoin.stats.cells`):

@@ -1,4 +1,4 @@
-"""The match statistics of the edges a band predicate filters (PSP residuals; ALGORITHMS.md Eq. 9-10).
+"""The match statistics of the edges a band predicate filters (PSP residuals; docs/algorithms.md Eq. 9-10).
 
 For a directed edge ``(l, r)`` whose streams a band ``|l.x - r.y| <= c`` relates, the engine keeps only
 the matches within the band (:func:`mjoin.engine.operator.within_band`), so the optimizer must price

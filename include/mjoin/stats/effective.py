@@ -2,7 +2,7 @@
 keeps fewer tuples and keys than the data's window holds, and does not probe new tuples of dead keys.
 
 The statistics job measures the data (``kappa``: distinct keys in a stream's window, ``window_tuples``,
-``lambda``: arrivals per second, ALGORITHMS.md Eq. 9-11). The cost of a probe step into stream r is
+``lambda``: arrivals per second, docs/algorithms.md Eq. 9-11). The cost of a probe step into stream r is
 ``alpha_q log(kappa_r) q + alpha_m s`` (Eq. 6) with the keys the engine's state of r really holds, and
 the lookups of a stream's chain come from the tuples it really probes. So before optimizing, the loop
 takes the live join's newest batch metrics and, per stream s:

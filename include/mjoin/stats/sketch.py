@@ -1,4 +1,4 @@
-"""Skimmed sketches (Ganguly, Garofalakis, Rastogi, EDBT 2004; ALGORITHMS.md "Skimmed sketches").
+"""Skimmed sketches (Ganguly, Garofalakis, Rastogi, EDBT 2004; docs/algorithms.md, "Skimmed sketches").
 
 Pure numpy. A :class:`Skimmed` summary of a key-frequency vector ``f`` holds
 
