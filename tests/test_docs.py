@@ -182,7 +182,7 @@ def test_cited_equations_exist():
     assert not bad, "equations cited but not in docs/algorithms.md:\n" + "\n".join(bad)
 
 
-SECTION = re.compile(r"(docs/[\w/]+\.md|bench/[\w/]+\.md|README\.md)[,:]?\s*\"([^\"]{3,80})\"")
+SECTION = re.compile(r"(docs/[\w/]+\.md|bench/[\w/]+\.md|README\.md),\s*\"([^\"]{3,80})\"")
 
 
 def test_cited_sections_exist():

@@ -89,7 +89,7 @@ def _cfg(where: str, **kw) -> EngineConfig:
 
 @WHERE
 def test_batch_with_streams_of_one_class_only(spark, tmp_path, where):
-    """Issue 21, first reproduction: the first micro-batch holds only x (class kb); it used to fail in
+    """First reproduction (streaming a two-class query): the first micro-batch holds only x (class kb); it used to fail in
     BatchRunner.route with UNRESOLVED_COLUMN _k_c0."""
     q = parse_query(SPEC, source="purge_stage2")
     lake = Lake(str(tmp_path / "lake"))
@@ -111,7 +111,7 @@ def test_batch_with_streams_of_one_class_only(spark, tmp_path, where):
 
 @WHERE
 def test_tuple_expiring_in_the_batch_that_needs_it(spark, tmp_path, where):
-    """Issue 21, second reproduction: in the batch that brings p@120, x@100 expires at the batch's end;
+    """Second reproduction (streaming a two-class query): in the batch that brings p@120, x@100 expires at the batch's end;
     stage 2 (class kb) must still see it: (pid 3, mid 2, xid 1) is a result (120 - 100 < 30)."""
     q = parse_query(SPEC, source="purge_stage2")
     lake = Lake(str(tmp_path / "lake"))

@@ -1,4 +1,4 @@
-"""Issue 16 point 5 against the arrival rate: the loop's overhead per re-optimization as a fraction of the join's own
+"""The loop's overhead (the goal: under 5% of the join) against the arrival rate: the loop's overhead per re-optimization as a fraction of the join's own
 time for the same interval, on the seed query replayed at several total rates, in one process.
 
     flock /tmp/mjoin-bench.lock nice -n 5 .venv/bin/python bench/evaluation/overhead_rate.py \\

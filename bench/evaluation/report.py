@@ -250,8 +250,10 @@ def results_section(paths: list) -> str:
         m = r.get("machine", {})
         p = r.get("parameters", {})
         what = ", ".join(str(x) for x in p.get("sections", []))
-        out.append(f"\n### `{Path(path).name}` ({r.get('mode')}: {what}; sf {', '.join(f'{x:g}' for x in p.get('sf', []))})\n")
-        out.append(f"{r.get('date', '?')[:16]} UTC, commit {r.get('git_commit')}, {r.get('seconds_total', 0) / 60:.0f} min, "
+        out.append(f"\n### [`{Path(path).name}`](results/{Path(path).name}) ({r.get('mode')}: {what}; "
+                   f"sf {', '.join(f'{x:g}' for x in p.get('sf', []))})\n")
+        # the commit is in the results file (linked above), not in the prose
+        out.append(f"{r.get('date', '?')[:16]} UTC, {r.get('seconds_total', 0) / 60:.0f} min, "
                    f"load average {m.get('load_average', ['?'])[0]:.1f} before, "
                    f"{r.get('load_average_after', ['?'])[0]:.1f} after, {m.get('cpus', '?')} cores; "
                    f"`{r.get('command', '').split('run_evaluation.py', 1)[-1].strip()}`")

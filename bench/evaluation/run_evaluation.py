@@ -1,4 +1,4 @@
-"""Issue 16: the seed experiment, drift, sensitivity, the peers and the loop's overhead, in one script.
+"""The evaluation: the seed experiment, drift, sensitivity, the peers and the loop's overhead, in one script.
 
     python bench/evaluation/run_evaluation.py --quick          # minutes: sf 0.1, a 7-minute replay, few orders
     flock /tmp/mjoin-bench.lock nice -n 5 python bench/evaluation/run_evaluation.py            # the full run

@@ -1,5 +1,5 @@
 """Benchmark: a pair joined by a band alone (PSP time-sliced state): latency and throughput against the number
-of time slices N, and the slice count the paper's latency model (Eq. 5, ``mjoin.optimizer.psp.choose_slices``) picks
+of time slices N, and the slice count the latency model (docs/algorithms.md Eq. 58-61, ``mjoin.optimizer.psp.choose_slices``) picks
 against the measured best.
 
     python bench/psp/bench_psp.py            # TPC-DS sf 1 web/catalog returns, N = 1..8, 3 rounds
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                ("wall_seconds", "rows_per_second", "batch_latency_median", "batch_latency_p90", "task_seconds")}
            for n, v in runs.items()}
     best = min(slices, key=lambda n: med[n]["batch_latency_median"])
-    # the model's inputs (Eq. 5), measured: L_C the operator's probing CPU per input tuple with one slice (the work
+    # the model's inputs (Eq. 58), measured: L_C the operator's probing CPU per input tuple with one slice (the work
     # of a tuple against its whole window), T_j = L_C / (lambda W) (so lambda W T_j = L_C, as in the paper), and
     # T_s the task seconds one more slice adds per input tuple (its copy routed to that slice's task and probed
     # there): the least-squares slope of the median task seconds over every N measured, not the difference of two
@@ -164,14 +164,14 @@ def plot(doc: dict, path: Path) -> None:
     ns = [int(n) for n in doc["medians"]]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     a1.plot(ns, [doc["medians"][str(n)]["batch_latency_median"] for n in ns], "o-", label="measured (median)")
-    a1.axvline(doc["model"]["chosen"], color="k", ls="--", label=f"Eq. 5 chose N = {doc['model']['chosen']}")
+    a1.axvline(doc["model"]["chosen"], color="k", ls="--", label=f"Eq. 61 chose N = {doc['model']['chosen']}")
     a1.set_xlabel("time slices N")
     a1.set_ylabel("micro-batch latency, s")
     a1.legend(loc="upper left")
     pred = doc["model"]["predicted_latency"]
     ax = a1.twinx()
-    ax.plot(ns, [pred[str(n)] * 1e6 for n in ns], "s:", color="tab:orange", label="Eq. 5 latency per tuple")
-    ax.set_ylabel("Eq. 5 latency per tuple, us")
+    ax.plot(ns, [pred[str(n)] * 1e6 for n in ns], "s:", color="tab:orange", label="Eq. 58 latency per tuple")
+    ax.set_ylabel("Eq. 58 latency per tuple, us")
     ax.legend(loc="upper right")
     a2.plot(ns, [doc["medians"][str(n)]["rows_per_second"] for n in ns], "o-")
     a2.set_xlabel("time slices N")

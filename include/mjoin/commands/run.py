@@ -74,7 +74,7 @@ def add_arguments(p):
     e.add_argument("--shuffle-partitions", type=int, help="partitions of the per-batch shuffle")
     e.add_argument("--psp-slices", default="auto", metavar="N|auto",
                    help="slices of the state of streams joined by a band alone (PSP; fixed for the life of a state). "
-                        "auto (default): the existing state's, else the paper's Eq. 5 from the streams' landed "
+                        "auto (default): the existing state's, else the PSP latency model's choice (docs/algorithms.md Eq. 58-61) from the streams' landed "
                         "rates, the windows and the cores")
     e.add_argument("--prefilter", dest="prefilter", action="store_true", default=None,
                    help="force the SMJ synopsis prefilter on (default: the plan's option)")
@@ -97,7 +97,7 @@ def _idle_timeout(text: str) -> float:
 
 
 def _psp_slices(args) -> int:
-    """``--psp-slices``: a number, or auto (the state's, else Eq. 5: mjoin.optimizer.psp.slices_for)."""
+    """``--psp-slices``: a number, or auto (the state's, else Eq. 61: mjoin.optimizer.psp.slices_for)."""
     value = str(getattr(args, "psp_slices", "auto") or "auto")
     if value != "auto":
         if not value.isdigit() or int(value) < 1:
@@ -129,7 +129,7 @@ def _psp_slices(args) -> int:
 
 def _measured_costs(lake, query) -> dict:
     """T_j measured on this lake: the calibrated cost model's alpha_m (seconds per matched state tuple, fitted
-    to the engine's own metrics by ``mjoin calibrate`` / the loop), when there is one; else Eq. 5's defaults."""
+    to the engine's own metrics by ``mjoin calibrate`` / the loop), when there is one; else the latency model's defaults (Eq. 58)."""
 
     path = fsutil.join(lake.plans(query.name), COST_MODEL_FILE)
     try:

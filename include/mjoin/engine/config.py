@@ -66,7 +66,7 @@ class EngineConfig:
     #: arrival of its source (see :mod:`mjoin.engine.source`)
     recheck_seconds: float = 600.0
     #: time slices of the state of a pair joined by a band alone (PSP): every new tuple visits every slice.
-    #: Fixed for the life of a state, like ``buckets``; :func:`mjoin.optimizer.psp.choose_slices` picks it (Eq. 5).
+    #: Fixed for the life of a state, like ``buckets``; :func:`mjoin.optimizer.psp.choose_slices` picks it (docs/algorithms.md Eq. 58-61).
     psp_slices: int = 4
     #: streaming: a micro-batch whose committed state plus new rows hold at most this many tuples runs on
     #: the driver with the same operator, no Spark job (Spark's fixed cost per job is most of a small

@@ -590,7 +590,7 @@ def raw_json_array(table: pa.Table) -> pa.Array:
 
 #: threads that read a group's files (a file's decoding runs in Arrow without the GIL, opening it and its footer
 #: in Python): on 2 cores 4 threads read sf 1's 720 small files in 0.30 s and 120 larger ones in 0.07 s, against
-#: 0.43 s and 0.14 s for one pyarrow.dataset scan of the group (one process, load ~3.4; docs/engine.md, the eighth
+#: 0.43 s and 0.14 s for one pyarrow.dataset scan of the group (one process, load ~3.4; bench/scale/README.md, the eighth
 #: input round; the engine side by side: bench/scale/results/input-ab-h34-default-sf1.json)
 READ_THREADS = 4
 

@@ -1,7 +1,7 @@
 """Streaming mode: one Structured Streaming query over the landed files, one checkpoint,
 ``foreachBatch`` running the same per-batch function as interval evaluation.
 
-Source: :class:`mjoin.engine.source.LakeSource`, the query's landed files in arrival order from a
+Source: the ``mjoin_lake`` data source of :mod:`mjoin.engine.source`, the query's landed files in arrival order from a
 file log of the job's own in the checkpoint (modification times play no part: a copied or restored
 lake, several producers and object stores give the same batches). Spark's offset log fixes which
 log positions each batch id holds, so a batch re-run after a crash sees the same files; the batch

@@ -23,7 +23,7 @@ an atomic rename, and a version file is complete before ACTIVE can name it.
 Writers take an exclusive ``flock`` on ``.lock`` for the read-modify-write of
 version numbers and ACTIVE (two DAG runs at once: a backfill and a scheduled
 run). Locking needs a local or POSIX-mounted lake; on an object store use one
-scheduler per query namespace (see the README).
+scheduler per query namespace (docs/operations.md).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ that is no key of the query is ignored (and counted). What the join does with it
 class) and s's own state holds no tuple with key k any more, no future result can have key k, so every
 other stream's state tuples of k go, and their new tuples of k are not probed nor kept. An event-time
 bound lets the job's watermark pass s without waiting for its data (:mod:`mjoin.engine.watermark`).
-A tuple of s that breaks its own promise is quarantined (``after_punctuation``).
+A tuple of s that breaks its own promise is joined as any other and counted (the batch's ``punctuation.violations``).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ PSP cuts a stream's window state into ``N`` time slices on a ring of ``N`` worke
 visits every slice. With ``L_C`` the centralised work of one tuple (``T_j`` per comparison times the
 ``lambda W`` tuples of the window it probes), ``T_s`` the per-slice overhead of a tuple, ``T_n`` the
 cost of passing it on to the next worker and ``M`` the rounds (streams) of a result, the average
-response latency is (Eq. 5)
+response latency is (docs/algorithms.md Eq. 58, the PSP paper's Eq. 5)
 
     tau(N) = (N - 1) / 2 T_n + max{ L_C / N + T_s L_C / (lambda W T_j),  M N T_n }
 
@@ -22,12 +22,12 @@ import math
 
 
 def latency(n: int, l_c: float, t_n: float, t_s: float, lam_w_tj: float, m: int = 2) -> float:
-    """Eq. 5: average response latency of a tuple with ``n`` slices (seconds)."""
+    """Eq. 58: average response latency of a tuple with ``n`` slices (seconds)."""
     return (n - 1) / 2 * t_n + max(l_c / n + t_s * l_c / lam_w_tj, m * n * t_n)
 
 
 def optimal_slices(l_c: float, t_n: float, t_s: float, lam_w_tj: float, m: int = 2) -> float:
-    """``min(N1, N2)`` of Eq. 5 (real-valued; ``inf`` when passing tuples on is free)."""
+    """``min(N1, N2)`` of Eq. 59-60 (real-valued; ``inf`` when passing tuples on is free)."""
     if t_n <= 0:
         return math.inf
     b = t_s * l_c / lam_w_tj
@@ -38,7 +38,7 @@ def optimal_slices(l_c: float, t_n: float, t_s: float, lam_w_tj: float, m: int =
 
 def choose_slices(lam: float, window: float, t_j: float, t_s: float, t_n: float, *, m: int = 2,
                   max_slices: int = 64) -> int:
-    """The whole number of slices with the smallest Eq. 5 latency around ``min(N1, N2)``, at most
+    """The whole number of slices with the smallest Eq. 58 latency around (Eq. 61) ``min(N1, N2)``, at most
     ``max_slices``: ``lam`` tuples/s into a window of ``window`` seconds, ``t_j`` seconds per comparison,
     ``t_s`` per tuple and slice, ``t_n`` per hop."""
     lam_w_tj = max(lam * window * t_j, 1e-12)
@@ -57,7 +57,7 @@ DEFAULT_T_J = 5e-8
 
 
 def slices_for(query, lam: dict, *, t_j: float = DEFAULT_T_J, t_s: float = DEFAULT_T_S, cores: int = 2) -> int:
-    """Eq. 5's slice count for ``query``'s band classes (the most demanding one decides): per band class,
+    """Eq. 61's slice count for ``query``'s band classes (the most demanding one decides): per band class,
     the larger of its streams' ``lam`` (tuples/s; missing: 10) into the larger window; 1 without bands."""
     best = 1
     for b in query.band_classes.values():
