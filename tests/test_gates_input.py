@@ -41,11 +41,15 @@ def test_good_input_passes(seed_query, good):
     assert by_stream["sr"]["rows"] == 100 and by_stream["sr"]["late"] == 0
 
 
-def _duckdb_counts(lake, source, key, lo, hi):
+def _duckdb_counts(lake, source, key, lo, allowance):
+    """Rows, NULL keys, late rows (before ``lo``) and future rows (at or after their arrival folder's epoch +
+    ``allowance`` seconds: the landing contract's rule) by DuckDB."""
     con = duckdb.connect()
+    arrival = "CAST(regexp_extract(filename, 'arrival=([0-9]+)/', 1) AS BIGINT)"
     q = (f"SELECT count(*), count(*) FILTER (WHERE {key} IS NULL), "
-         f"count(*) FILTER (WHERE epoch_us(ts) < {int(lo * 1e6)}), count(*) FILTER (WHERE epoch_us(ts) >= {int(hi * 1e6)}) "
-         f"FROM read_parquet('{lake.streams(source)}/*/*.parquet')")
+         f"count(*) FILTER (WHERE epoch_us(ts) < {int(lo * 1e6)}), "
+         f"count(*) FILTER (WHERE epoch_us(ts) >= ({arrival} + {int(allowance)}) * 1000000) "
+         f"FROM read_parquet('{lake.streams(source)}/*/*.parquet', filename = true)")
     return con.execute(q).fetchone()
 
 
@@ -53,11 +57,11 @@ def _duckdb_counts(lake, source, key, lo, hi):
 def test_counts_match_duckdb(seed_query, good, statistics):
     """NULL keys, late and future rows: the gate's counts equal DuckDB's, with and without footer statistics."""
     write_stream_file(good, seed_query, "sr", A1, 80, part=1, seed=7, null_keys=9, late=3, future=2,
-                      interval_end=END, statistics=statistics)
+                      statistics=statistics)
     cfg = GateConfig(null_key_fraction_max=1.0, late_fraction_max=1.0, future_fraction_max=1.0)
     frames = summarize_input(seed_query, good, START, END, cycle=CYCLE, config=cfg)
     sr = frames["streams"].set_index("where").loc["sr"]
-    rows, nulls, late, future = _duckdb_counts(good, "store_returns", "sr_addr_sk", START, END)
+    rows, nulls, late, future = _duckdb_counts(good, "store_returns", "sr_addr_sk", START, 2 * CYCLE)
     assert (sr["rows"], sr["null_key_rows"], sr["late"], sr["future"]) == (rows, nulls, late, future) == (180, 9, 3, 2)
     assert run(seed_query, good, config=cfg).status == "passed"
 
@@ -87,7 +91,7 @@ def test_late_tuples(seed_query, good):
 
 
 def test_future_tuples(seed_query, good):
-    write_stream_file(good, seed_query, "cr", A1, 50, part=1, future=1, interval_end=END)
+    write_stream_file(good, seed_query, "cr", A1, 50, part=1, future=1)
     res = run(seed_query, good)
     assert res.failed_expectations == ["input.future_fraction_below_max"]
     assert res.failures[0].values[0]["future"] == 1
@@ -205,7 +209,7 @@ def test_type_compatibility(spec, arrow, ok):
 def test_spark_engine_counts_equal_pyarrow(seed_query, good, spark):
     """The Spark scan gives the same per-stream counts and the same verdict as the pyarrow path."""
     write_stream_file(good, seed_query, "sr", A1, 80, part=1, seed=7, null_keys=9, late=3, future=2,
-                      interval_end=END, statistics=False)
+                      statistics=False)
     write_stream_file(good, seed_query, "wr", A1, 20, part=1, drop=("wr_refunded_addr_sk",))
     arrow = check_input(seed_query, good, START, END, cycle=CYCLE)
     spk = check_input(seed_query, good, START, END, cycle=CYCLE, spark=spark)
@@ -236,7 +240,7 @@ def test_one_bad_cycle_among_good_ones(seed_query, lake, kind, expectation, conf
     12 bad rows of its 50 (24 %), over the interval 12 of 200 (6 %): the gate judges per cycle and names it."""
     good_lake(lake, seed_query, n_cycles=10, first=-10)
     good_lake(lake, seed_query, n_cycles=N_CYCLES)
-    write_stream_file(lake, seed_query, "sr", _cycle(2), 50, seed=21, interval_end=END4, **{kind: 12})
+    write_stream_file(lake, seed_query, "sr", _cycle(2), 50, seed=21, **{kind: 12})
     cfg = GateConfig(**config)
     res = check_input(seed_query, lake, START, END4, cycle=CYCLE, config=cfg)
     assert res.failed_expectations == [expectation]
@@ -347,7 +351,7 @@ def _format_lake(lake, query):
             if s != "cu":
                 write_stream_file(lake, query, s, a, 50, seed=10 * k + i)
     _write_cu(lake, query, A0, _iso_strings([A0 + i for i in range(50)]))
-    times = [A1 + i for i in range(44)] + [A1 - 3600] * 3 + [END + 30] + ["not a time", "2026-13-45 99:99:99"]
+    times = [A1 + i for i in range(44)] + [A1 - 3600] * 3 + [A1 + 2 * CYCLE + 30] + ["not a time", "2026-13-45 99:99:99"]
     _write_cu(lake, query, A1, _iso_strings(times))
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mjoin.lake.contract import FUTURE_CYCLES
 from mjoin.model.statistics import ROW_COLUMNS, EdgeStats, GroupStats, Statistics, StreamStats
 from mjoin.model.timeutil import cycles, iso, to_epoch
 
@@ -67,12 +68,13 @@ def select(frame: pd.DataFrame, *, entity=None, stream=None, right=None, cycle=N
 
 def write_stream_file(lake, query, stream: str, arrival: int, n: int, *, part: int = 0, seed: int = 0,
                       null_keys: int = 0, late: int = 0, future: int = 0, late_by: float = 3600.0,
-                      interval_end: float | None = None, overrides: dict | None = None, drop: tuple = (),
+                      overrides: dict | None = None, drop: tuple = (),
                       statistics: bool = True, cycle: float = CYCLE) -> str:
     """A Parquet file of ``n`` rows for ``stream`` in arrival cycle ``arrival``: the declared columns
     (int64 keys, UTC timestamps inside the arrival cycle) plus an extra column, with the first
     ``null_keys`` keys NULL, ``late`` rows ``late_by`` seconds before ``arrival`` and ``future``
-    rows after ``interval_end``."""
+    rows 30 s after the landing contract's future bound (``arrival`` + two arrival cycles: the lake's
+    cycle is ``cycle``)."""
     rng = np.random.default_rng(seed)
     s = query.stream(stream)
     cols = {}
@@ -86,7 +88,7 @@ def write_stream_file(lake, query, stream: str, arrival: int, n: int, *, part: i
             ts = arrival + rng.uniform(0, cycle - 1, n)
             ts[:late] = arrival - late_by
             if future:
-                ts[late:late + future] = (interval_end or arrival + cycle) + 30
+                ts[late:late + future] = arrival + FUTURE_CYCLES * cycle + 30
             cols[c] = pa.array((ts * 1e6).astype("int64"), pa.timestamp("us", tz="UTC"))
         else:
             mask = np.zeros(n, bool)

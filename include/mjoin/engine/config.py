@@ -62,6 +62,13 @@ class EngineConfig:
     #: is idle, left out of the job's watermark (None: the query's largest window; inf: never idle).
     #: See :mod:`mjoin.engine.watermark`.
     idle_timeout: float | None = None
+    #: a row whose event time is at or after its arrival folder's epoch plus this many seconds is ``future``:
+    #: quarantined, it never moves a watermark (:mod:`mjoin.lake.contract`, "Event-time sanity"); None: two
+    #: arrival cycles (``arrival_cycle``); inf: no row is future
+    future_allowance: float | None = None
+    #: the lake's arrival cycle in seconds (None: inferred from its arrival folders, the most common gap between
+    #: two consecutive folders of a source: :func:`mjoin.lake.contract.arrival_cycle`)
+    arrival_cycle: float | None = None
     #: streaming: re-list an arrival folder while its epoch is within this many seconds of the newest
     #: arrival of its source (see :mod:`mjoin.engine.source`)
     recheck_seconds: float = 600.0
@@ -106,6 +113,10 @@ class EngineConfig:
             raise EngineError("interval_driver_rows must be >= 0 (0: never run an interval on the driver)")
         if self.driver_threads < 0:
             raise EngineError("driver_threads must be >= 0 (0: the driver's cores, at most 4)")
+        if self.future_allowance is not None and not self.future_allowance > 0:
+            raise EngineError("future_allowance must be a positive number of seconds (or inf: no row is future)")
+        if self.arrival_cycle is not None and not (0 < self.arrival_cycle < float("inf")):
+            raise EngineError("arrival_cycle must be a positive number of seconds")
         if not self.recheck_seconds >= 0:
             raise EngineError("recheck_seconds must be >= 0")
 

@@ -37,12 +37,12 @@ from mjoin.engine.config import EngineConfig, EngineError
 from mjoin.engine.frame import arrow_input_schema, to_layout
 from mjoin.engine.inputs import as_lake, as_query, compile_plan
 from mjoin.engine.metrics import shuffle_bytes, write_jsonl
-from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
-                                    punctuation_rows, write_quarantine)
+from mjoin.engine.normalize import (ARRIVAL_SQL, add_counts, inspect_files, local_supported, normalize_local,
+                                    normalize_streams, punctuation_rows, write_quarantine)
 from mjoin.engine.pipelined import run_pipelined
 from mjoin.engine.routing import route_local
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
-from mjoin.lake.contract import Seen
+from mjoin.lake.contract import Seen, arrival_cycle, future_allowance
 from mjoin.model.timeutil import iso, to_micros
 from mjoin.runtime import fsutil
 
@@ -87,18 +87,25 @@ def clear_outputs(out_lake, query_name: str, quarantine: bool = True) -> None:
         fsutil.remove(path)
 
 
-def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int) -> str:
+def _batch_expr(eq, start_us: int, end_us: int, cycle_us: int, future: bool = False) -> str:
     """Batch of a row: 0 = warm-up state, 1.. = cycles; null = outside the interval. Rows
-    without an event time (quarantined as bad_time) count in batch 1."""
+    without an event time (quarantined as bad_time) count in batch 1; with ``future`` (the frame has
+    ``_reason`` and ``_file``), so do ``future`` rows whose file's arrival lies in the interval (their event
+    time says nothing: they belong to the interval they arrived in), the others are dropped."""
     window = "(CASE _s " + " ".join(f"WHEN {i} THEN {eq.window_us[s]}" for i, s in enumerate(eq.streams)) + " END)"
-    return (f"CASE WHEN _ts IS NULL THEN 1 "
+    arrival = ARRIVAL_SQL.format(path="_file")
+    fut = (f"WHEN _reason = 'future' THEN CASE WHEN {arrival} * 1000000 >= {start_us} AND {arrival} * 1000000 < "
+           f"{end_us} THEN 1 END ") if future else ""
+    return (f"CASE WHEN _ts IS NULL THEN 1 {fut}"
             f"WHEN _ts >= {start_us} AND _ts < {end_us} THEN CAST(1 + floor((_ts - {start_us}) / {cycle_us}) AS INT) "
             f"WHEN _ts < {start_us} AND _ts > {start_us} - {window} THEN 0 END")
 
 
-def batch_local(ts: pa.Array, s: np.ndarray, eq, start_us: int, end_us: int, cycle_us: int) -> np.ndarray:
+def batch_local(ts: pa.Array, s: np.ndarray, eq, start_us: int, end_us: int, cycle_us: int,
+                reason: pa.Array | None = None, file: pa.Array | None = None) -> np.ndarray:
     """:func:`_batch_expr` in numpy (the driver's twin, same rule): each row's batch from its event time
-    ``ts`` (micros, nullable) and stream index ``s``; -1 = outside the interval (dropped)."""
+    ``ts`` (micros, nullable) and stream index ``s``; -1 = outside the interval (dropped). With ``reason`` and
+    ``file`` (the rows' ``_reason`` and ``_file``): ``future`` rows by their file's arrival."""
     ts = pa.array(ts) if not isinstance(ts, (pa.Array, pa.ChunkedArray)) else ts
     null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     t = np.asarray(ts.fill_null(0).to_numpy(), dtype=np.int64)
@@ -108,6 +115,14 @@ def batch_local(ts: pa.Array, s: np.ndarray, eq, start_us: int, end_us: int, cyc
     out[inside] = 1 + (t[inside] - start_us) // cycle_us
     out[(t < start_us) & (t > start_us - window)] = 0
     out[null] = 1
+    if reason is not None and file is not None and len(t):
+        fut = np.asarray(pc.fill_null(pc.equal(reason, "future"), False).to_numpy(zero_copy_only=False), dtype=bool)
+        if fut.any():
+            arr = pc.extract_regex(pc.fill_null(file, ""), r"arrival=(?P<a>[0-9]+)/[^/]*$")
+            a = pc.cast(pc.struct_field(arr, [0]), pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+            a = np.asarray(a, dtype=np.int64)
+            inside_a = (a >= 0) & (a * 1_000_000 >= start_us) & (a * 1_000_000 < end_us)
+            out[fut] = np.where(inside_a[fut], 1, -1)
     return out
 
 
@@ -124,6 +139,10 @@ class IntervalInput:
     frame: object  # Spark DataFrame of frame rows with _reason and _batch, or None
     rejects: list  # FileReject
     seconds: float = 0.0
+    #: the future allowance the input was judged with (seconds; None: no row was future) and the arrival cycle
+    #: it came from (:func:`mjoin.lake.contract.future_allowance`)
+    future_allowance: float | None = None
+    arrival_cycle: float | None = None
     streams: tuple = ()  # the engine's stream order (``_s``)
     punctuations: list = field(default_factory=list)  # [(path, source, arrival, batch)] of punctuation files
     #: or the same rows on the driver (``frame`` None): an Arrow table in the input layout with ``_batch``
@@ -162,11 +181,13 @@ class IntervalInput:
         return counts
 
 
-def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver_rows: int = 0) -> IntervalInput:
+def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver_rows: int = 0,
+                  config: EngineConfig | None = None) -> IntervalInput:
     """The landed files of the query's streams judged by the contract (rejected files go to
     ``out_lake``'s quarantine), the accepted ones read lazily, rows assigned to batches. ``driver_rows``
     > 0: when the accepted files hold at most that many rows (footers) and the driver reads their streams
-    as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark."""
+    as Spark does (:func:`local_supported`), they are read on the driver now (``local``), not by Spark.
+    ``config``: its ``future_allowance`` and ``arrival_cycle`` (:func:`future_allowance_of`)."""
     t0 = time.perf_counter()
     start_us, end_us = to_micros(start), to_micros(end)
     cycle_us = int(round(float(cycle) * MICROS))
@@ -178,7 +199,8 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
         if s.source not in landed:
             landed[s.source] = in_lake.landed(s.source)
     files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
-    inspected = inspect_files(query, eq, files, Seen())  # duplicates within the interval's files
+    allowance, arrival_cycle = future_allowance_of(config, [[a for a, _, _ in entries] for entries in landed.values()])
+    inspected = inspect_files(query, eq, files, Seen(), future_allowance=allowance)  # duplicates within the interval's
     pruned = inspected.prune_outside(eq.window_us, start_us, end_us)  # files no row of which is read
     if pruned:
         log.info("interval %s .. %s: %d landed file(s) not read, every row outside it by the footers (%s)",
@@ -193,13 +215,23 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
     else:
         frame = normalize_streams(spark, query, eq, inspected)
         if frame is not None:
-            frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us))) \
+            future = "_reason" in frame.columns and allowance is not None
+            frame = frame.withColumn("_batch", F.expr(_batch_expr(eq, start_us, end_us, cycle_us, future))) \
                 .where(F.col("_batch").isNotNull())
     punct = _interval_punctuations(query, landed, inspected.ts_max, start_us, end_us, cycle_us)
     write_quarantine(None, {}, inspected.rejects, out_lake, query.name, eq)
     return IntervalInput(start_us, end_us, cycle_us, n_batches, frame, inspected.rejects,
-                         time.perf_counter() - t0 - local_seconds, eq.streams, punct, local, local_seconds,
-                         inspected.collect_unreadable, pruned)
+                         time.perf_counter() - t0 - local_seconds, allowance, arrival_cycle, eq.streams, punct, local,
+                         local_seconds, inspected.collect_unreadable, pruned)
+
+
+def future_allowance_of(config: EngineConfig | None, epochs) -> tuple[float | None, float | None]:
+    """``(future allowance in seconds or None, arrival cycle or None)`` of a run: ``config.future_allowance``
+    if set, else :data:`mjoin.lake.contract.FUTURE_CYCLES` arrival cycles, the cycle ``config.arrival_cycle``
+    or the lake's (:func:`mjoin.lake.contract.arrival_cycle` of ``epochs``: per source, its arrival epochs)."""
+    config = config or EngineConfig()
+    cycle = config.arrival_cycle if config.arrival_cycle is not None else arrival_cycle(epochs)
+    return future_allowance(config.future_allowance, cycle), cycle
 
 
 def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int) -> pa.Table:
@@ -208,7 +240,8 @@ def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int)
     table = normalize_local(query, eq, inspected)
     if table is None:
         table = arrow_input_schema(eq).empty_table()
-    b = batch_local(table.column("_ts"), table.column("_s").to_numpy(), eq, start_us, end_us, cycle_us)
+    b = batch_local(table.column("_ts"), table.column("_s").to_numpy(), eq, start_us, end_us, cycle_us,
+                    table.column("_reason"), table.column("_file"))
     keep = np.flatnonzero(b >= 0)
     return table.take(pa.array(keep)).append_column(pa.field("_batch", pa.int32()), pa.array(b[keep].astype(np.int32)))
 
@@ -258,7 +291,8 @@ def _punctuation_table(runner: BatchRunner, data: IntervalInput, layout: pa.Sche
         return None
     batch = {path: b for path, _, _, b in data.punctuations}
     rows, _, bad = punctuation_rows(runner.query, runner.eq, [p[:3] for p in data.punctuations],
-                                    runner.config.buckets, layout, batch_of=lambda path, arrival: batch[path])
+                                    runner.config.buckets, layout, batch_of=lambda path, arrival: batch[path],
+                                    future_allowance=data.future_allowance)
     data.rejects += bad
     return rows
 
@@ -341,7 +375,7 @@ def prepare_interval(spark, query, runner: BatchRunner, in_lake, start, end, cyc
     ones for the tasks to quarantine, and the bucket ticks) once: one Spark job."""
 
     t0 = time.perf_counter()
-    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle)
+    data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle, config=runner.config)
     routed = route_interval(runner, data).persist(StorageLevel.MEMORY_AND_DISK)
     routed.count()
     if data.late_rejects():  # files the input's tasks could not read: quarantined (their counts in batch 1)
@@ -395,7 +429,7 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
     t_run = time.perf_counter()
     cfg = runner.config
     data = read_interval(spark, query, runner.eq, in_lake, runner.lake, start, end, cycle,
-                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows))
+                         driver_rows=min(cfg.driver_rows, cfg.interval_driver_rows), config=cfg)
     local = data.local is not None
     t0 = time.perf_counter()
     routed = route_interval(runner, data)
@@ -442,7 +476,8 @@ def run_fused(spark, query, compiled, runner: BatchRunner, in_lake, start, end, 
         extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
                "prefilter": compiled.prefilter, "buckets": runner.config.buckets,
                "execution": "fused-driver" if local else "fused", "where": execution["where"],
-               "phases": phases, "files_not_read": data.not_read})
+               "phases": phases, "files_not_read": data.not_read, "future_allowance": data.future_allowance,
+               "arrival_cycle": data.arrival_cycle})
 
 
 def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner, warm: dict | None = None,
@@ -480,7 +515,8 @@ def run_prepared(spark, query, compiled, prepared: Prepared, runner: BatchRunner
         rows_in={s: sum(r["rows_in"][s] for r in records) for s in eq.streams},
         quarantined=_totals(records), metrics_path=metrics_path, results_path=runner.results_root,
         extra={"warmup_state_tuples": warm["state_tuples"], "plan_source": compiled.source,
-               "prefilter": compiled.prefilter, "buckets": config.buckets},
+               "prefilter": compiled.prefilter, "buckets": config.buckets,
+               "future_allowance": prepared.future_allowance, "arrival_cycle": prepared.arrival_cycle},
     )
 
 

@@ -146,7 +146,7 @@ def run_native_interval(spark, query, plan, lake, start, end, cycle, out, *, con
     before = apply_engine_conf(spark)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     try:
-        data = read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle)
+        data = read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, config=config)
         counts = data.rejected_counts()
         # one input file per stream and cycle (warm-up = file 0), oldest first
         frame_schema = arrow_frame_schema(eq)

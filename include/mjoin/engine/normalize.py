@@ -15,7 +15,9 @@ string patterns or expressions); every row is normalised:
 - ``_k_<class>``: the join keys as int64;
 - ``<stream>__<col>``: the output columns, cast to their declared types;
 - ``_reason``: why the row is rejected, or null: ``null_key``, ``bad_type`` (a value that does not
-  convert), ``bad_time`` (no or unparsable event time), ``late`` (earlier than the watermark).
+  convert), ``bad_time`` (no or unparsable event time), ``future`` (at or after its arrival folder's epoch
+  plus the future allowance: :func:`mjoin.lake.contract.future_from_us`), ``late`` (earlier than the
+  watermark).
 
 Every cast is a ``try_`` form: Spark 4 runs in ANSI mode, where a plain cast that fails fails the
 whole job.
@@ -45,9 +47,12 @@ from mjoin.runtime import fsutil
 from mjoin.runtime.pools import shared_pool
 
 #: row-level reasons, then the file-level ones (a whole file quarantined by a rule of mjoin.lake.contract)
-ROW_REASONS = ("null_key", "bad_type", "bad_time", "late")
-#: and a punctuation file that does not follow mjoin.model.punctuation's format
-REASONS = ROW_REASONS + contract.FILE_REASONS + ("bad_punctuation",)
+ROW_REASONS = ("null_key", "bad_type", "bad_time", "late", "future")
+#: and a punctuation file that does not follow mjoin.model.punctuation's format (``future``: rows one by one, or a
+#: mostly future file whole, the contract's ``input.event_time_not_future``)
+REASONS = ROW_REASONS + tuple(r for r in contract.FILE_REASONS if r not in ROW_REASONS) + ("bad_punctuation",)
+#: Spark SQL: the arrival epoch (seconds) of the file a row was read from (NULL: not in an arrival folder)
+ARRIVAL_SQL = "try_cast(regexp_extract({path}, 'arrival=([0-9]+)/[^/]*$', 1) AS BIGINT)"
 #: slack of :meth:`Inspected.prune_outside` around the footer's event-time bounds (1 ms: a file this close to the
 #: interval's edge is read)
 PRUNE_MARGIN_US = 1_000
@@ -90,6 +95,14 @@ class Inspected:
     reports: object = None
     token: str | None = None
     reported: set = field(default_factory=set)
+    #: the future allowance in micros (None: no row is future) and, per accepted file (stream, path), the event
+    #: time from which its rows are future (:func:`mjoin.lake.contract.future_from_us`)
+    future_allowance_us: int | None = None
+    future_from: dict = field(default_factory=dict)
+
+    def future_bounds(self, stream: str, paths) -> list:
+        """The future bound (epoch micros, or None) of each of ``paths`` of ``stream``."""
+        return [self.future_from.get((stream, p)) for p in paths]
 
     def unreadable(self, stream: str, path: str, detail: str) -> FileReject:
         """An accepted file whose data does not read, quarantined whole (``unreadable``, rule
@@ -147,16 +160,19 @@ class Inspected:
         :meth:`mjoin.lake.contract.FileFacts.rows_can_be_rejected` (a file not inspected here: it can)."""
         for p in paths:
             facts = self.accepted.get((stream, p))
-            if facts is None or facts.rows_can_be_rejected(late_before):
+            if facts is None or facts.rows_can_be_rejected(late_before, self.future_from.get((stream, p))):
                 return True
         return False
 
 
-def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.Seen | None = None) -> Inspected:
+def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.Seen | None = None,
+                  future_allowance: float | None = None) -> Inspected:
     """The contract's file-level rules for every file (``stream_files``: stream -> paths, each stream's
     in arrival order); ``seen``: the files accepted before (duplicates of them are rejected; the files
-    accepted here are added to it)."""
-    out = Inspected()
+    accepted here are added to it); ``future_allowance``: seconds after a file's arrival epoch from which its
+    rows are ``future`` (:func:`mjoin.lake.contract.future_allowance`; None: no row is): a mostly future file
+    is rejected whole, the others get their bound (:attr:`Inspected.future_from`)."""
+    out = Inspected(future_allowance_us=None if future_allowance is None else int(round(future_allowance * 1e6)))
     bands = {name: tuple(eq.key_columns[(name, c)] for c in eq.stream_classes[name] if eq.is_band(c)) for name in stream_files}
     items = [(path, query.stream(name), None, bands[name]) for name, files in stream_files.items() for path in files]
     unread_of: dict = {}  # (stream, declared columns' types) -> the columns Spark does not read (once per schema)
@@ -171,6 +187,11 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.See
                 unread = unread_of[key] = [c for c, t in zip(columns, key[1]) if _arrow_info(t) is None]
             if unread:  # allowed by the spec but not by Spark's Parquet reader (e.g. string views)
                 problem = ("input.schema_matches_spec", f"column(s) {', '.join(unread)} of a type Spark does not read")
+        bound = contract.future_from_us(facts.path, future_allowance)
+        if problem is None and bound is not None:
+            why = contract.future_problem(facts, query.stream(facts.stream), bound)
+            if why:
+                problem = ("input.event_time_not_future", why)
         if problem is None and seen is not None:
             earlier = seen.duplicate_of(facts)
             if earlier:
@@ -179,8 +200,10 @@ def inspect_files(query, eq: EngineQuery, stream_files: dict, seen: contract.See
             rule, detail = problem
             out.rejects.append(FileReject(facts.stream, facts.path, contract.RULES[rule], detail, facts.rows, rule))
             continue
-        if seen is not None:
-            seen.add(facts)
+        if bound is not None:
+            out.future_from[(facts.stream, facts.path)] = bound
+        if seen is not None:  # remembered until the watermark passes its latest accepted time, never a future one
+            seen.add(facts, ts_max=None if facts.ts_max is None or bound is None else min(facts.ts_max, bound / 1e6))
         stream = query.stream(facts.stream)
         sig = tuple((c, str(facts.schema.field(c).type)) for c in sorted(stream.columns))
         entry = out.groups.setdefault((facts.stream, sig), (facts.schema, []))
@@ -273,12 +296,13 @@ def _event_micros(stream, schema: pa.Schema, src) -> str:
 
 
 def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.Schema, paths: list,
-                    late_before: int | None = None, rejects: bool = True):
+                    late_before: int | None = None, rejects: bool = True, future_allowance_us: int | None = None):
     """Frame rows of one group of same-schema files with ``_reason`` (null: valid) and, for rejected rows,
     ``_file`` and ``_raw``: one SQL projection over one read (built as text and handed to Spark in one call:
     per-column ``F.expr`` objects cost a py4j round trip each, ~0.3 s of a run's driver time). ``rejects``
     False: no row of these files can be rejected (their footers, :meth:`Inspected.can_reject`), so the rows
-    carry none of the three reject columns."""
+    carry none of the three reject columns. ``future_allowance_us``: rows at or after their file's arrival epoch
+    plus this are ``future`` (the arrival from the file's path, :data:`ARRIVAL_SQL`)."""
     stream = query.stream(stream_name)
     src = read_files(spark, read_schema(schema, list(stream.columns)), paths)
     ts_sql = _event_micros(stream, schema, src)
@@ -299,6 +323,9 @@ def normalize_group(spark, query, eq: EngineQuery, stream_name: str, schema: pa.
         return src.selectExpr(*cols)
     reason = (f"CASE WHEN {' OR '.join(null_key)} THEN 'null_key' WHEN {' OR '.join(bad_type)} THEN 'bad_type' "
               f"WHEN ({ts_sql}) IS NULL THEN 'bad_time' ")
+    if future_allowance_us is not None:
+        bound = f"({ARRIVAL_SQL.format(path='_metadata.file_path')} * 1000000 + {int(future_allowance_us)})"
+        reason += f"WHEN ({ts_sql}) >= {bound} THEN 'future' "
     if late_before is not None:
         reason += f"WHEN ({ts_sql}) < {int(late_before)} THEN 'late' "
     reason += "END"
@@ -327,7 +354,8 @@ def normalize_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_
     frame = None
     for name, schema, paths in _groups(inspected):
         norm = normalize_group(spark, query, eq, name, schema, paths, late_before,
-                               rejects=inspected.can_reject(name, paths, late_before))
+                               rejects=inspected.can_reject(name, paths, late_before),
+                               future_allowance_us=inspected.future_allowance_us)
         frame = norm if frame is None else frame.unionByName(norm, allowMissingColumns=True)
     return frame
 
@@ -388,15 +416,15 @@ def _scan_task(query, eq: EngineQuery, groups: list, chunks: list, schema: pa.Sc
         for rb in batches:
             for i in rb.column(0).to_pylist():
                 gi, a, b = chunks[i]
-                name, fschema, paths, rejects = groups[gi]
-                paths = paths[a:b]
+                name, fschema, paths, rejects, bounds = groups[gi]
+                paths, bounds = paths[a:b], bounds[a:b]
                 t, owner, failed = read_group(paths, _read_as(query.stream(name), fschema))
                 if failed:
                     reports.add([(token, name, p, detail) for p, detail in failed])
                 n = t.num_rows
                 if not n:
                     continue
-                cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before, rejects)
+                cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before, rejects, bounds)
                 yield from pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
                                      for f in schema], schema=schema).to_batches()
 
@@ -438,12 +466,12 @@ def scan_streams(spark, query, eq: EngineQuery, inspected: Inspected, late_befor
     A file whose data does not read in a task is left out and reported through an accumulator
     (``inspected.reports``): after the Spark job that ran the input, :meth:`Inspected.collect_unreadable`
     quarantines it as ``unreadable``, as the driver path does. None when there is no file."""
-    groups = [(name, fschema, list(paths), inspected.can_reject(name, paths, late_before))
-              for name, fschema, paths in _groups(inspected)]
+    groups = [(name, fschema, list(paths), inspected.can_reject(name, paths, late_before),
+               inspected.future_bounds(name, paths)) for name, fschema, paths in _groups(inspected)]
     if not groups:
         return None
     weights = [[max(1, getattr(inspected.accepted.get((name, p)), "rows", None) or 1) for p in paths]
-               for name, _, paths, _ in groups]
+               for name, _, paths, _, _ in groups]
     if tasks is None:
         tasks = max(SCAN_TASKS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism)),
                     -(-sum(map(sum, weights)) // SCAN_TASK_ROWS))
@@ -652,17 +680,19 @@ def _cast_payload(src: pa.ChunkedArray, target: pa.DataType, owner: np.ndarray) 
 
 
 #: ``_reason`` by code: 0 = valid (NULL), then the row reasons
-_REASON_BY_CODE = pa.array([None, "null_key", "bad_type", "bad_time", "late"], pa.string())
+_REASON_BY_CODE = pa.array([None, "null_key", "bad_type", "bad_time", "late", "future"], pa.string())
 
 
 def normalize_arrow(query, eq: EngineQuery, name: str, fschema: pa.Schema, paths: list, t: pa.Table,
-                    owner: np.ndarray, late_before: int | None = None, rejects: bool = True) -> dict:
+                    owner: np.ndarray, late_before: int | None = None, rejects: bool = True,
+                    future_from: list | None = None) -> dict:
     """The rules of :func:`normalize_group` in Arrow, over the rows ``t`` of one group of same-schema files of
     stream ``name`` (``fschema``: their schema; ``owner``: each row's index into ``paths``, as
     :func:`read_group` gives them): the columns ``_kind``, ``_s``, ``_ts``, the stream's class keys, its payload
     by name (``<stream>__<col>``, cast to the frame's type) and ``_reason``, ``_file``, ``_raw`` (``rejects``
     False: no row of these files can be rejected, by their footers, so the three are NULL, as the SQL path's
-    union gives them). The one copy of the rules in Arrow: :func:`normalize_local` (the driver) and
+    union gives them). ``future_from``: per file of ``paths``, the event time (micros) from which its rows are
+    ``future`` (None: none is). The one copy of the rules in Arrow: :func:`normalize_local` (the driver) and
     :func:`scan_streams` (Spark's tasks) both call it."""
 
     frame = arrow_frame_schema(eq)
@@ -693,10 +723,15 @@ def normalize_arrow(query, eq: EngineQuery, name: str, fschema: pa.Schema, paths
         return cols
     ts_null = np.asarray(ts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     code = np.zeros(n, np.int8)
+    t_us = ts.fill_null(0).to_numpy()
     if late_before is not None:
-        code[~ts_null & (ts.fill_null(0).to_numpy() < int(late_before))] = 4
+        code[~ts_null & (t_us < int(late_before))] = 4
+    if future_from is not None and any(b is not None for b in future_from):
+        never = np.iinfo(np.int64).max
+        bound = np.asarray([never if b is None else int(b) for b in future_from], dtype=np.int64)[owner]
+        code[~ts_null & (t_us >= bound)] = 5
     for mask, c in ((ts_null, 3), (bad_type, 2), (null_key, 1)):
-        code[mask] = c  # the last assignment wins: null_key, bad_type, bad_time, late (Spark's CASE)
+        code[mask] = c  # the last assignment wins: null_key, bad_type, bad_time, future, late (Spark's CASE)
     good = code == 0
     cols["_reason"] = _REASON_BY_CODE.take(pa.array(code))
     if good.all():
@@ -742,7 +777,8 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
         n = t.num_rows
         if n == 0:
             continue
-        cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before)
+        cols = normalize_arrow(query, eq, name, fschema, paths, t, owner, late_before,
+                               future_from=inspected.future_bounds(name, paths))
         cols = {slot_of.get(k, k): v for k, v in cols.items()}
         parts.append(pa.table([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
                                for f in schema], schema=schema))
@@ -753,12 +789,14 @@ def normalize_local(query, eq: EngineQuery, inspected: Inspected, late_before: i
 
 
 def punctuation_rows(query, eq: EngineQuery, landed: list, buckets: int, schema: pa.Schema,
-                     batch_of=None) -> tuple[pa.Table | None, dict, list]:
+                     batch_of=None, future_allowance: float | None = None) -> tuple[pa.Table | None, dict, list]:
     """The landed punctuation files (``landed``: ``[(path, source, arrival epoch)]``) as routed frame rows
     (``_kind`` 4: ``_s`` the promising stream, the class key column = the lowest key, ``_hi`` the highest,
     ``_ts`` when promised = the arrival's start in micros; one row per bucket an interval covers), the
     event-time promises (stream -> micros: no later tuple before it), and the files that could not be
-    read (``FileReject``, reason ``bad_punctuation``). ``batch_of(path, arrival) -> batch or None`` adds a
+    read (``FileReject``, reason ``bad_punctuation``), or whose event-time promise lies at or after its
+    folder's epoch plus ``future_allowance`` (seconds: the contract's future bound, so that a promise cannot move
+    a watermark further than an accepted row could). ``batch_of(path, arrival) -> batch or None`` adds a
     ``_batch`` column (interval runs; None drops the file)."""
 
     by_source: dict = {}
@@ -776,6 +814,12 @@ def punctuation_rows(query, eq: EngineQuery, landed: list, buckets: int, schema:
                 p = pmod.read(path)
             except (pmod.PunctuationError, OSError) as exc:
                 rejects.append(FileReject(name, path, "bad_punctuation", str(exc), None))
+                continue
+            bound = contract.future_from_us(int(arrival), future_allowance) if arrival is not None else None
+            if p.event_time_before is not None and bound is not None and \
+                    int(round(p.event_time_before * 1_000_000)) > bound:
+                rejects.append(FileReject(name, path, "bad_punctuation", "promises an event time beyond its arrival "
+                                          "folder's epoch plus the future allowance (future)", None))
                 continue
             if p.event_time_before is not None:
                 t = int(round(p.event_time_before * 1_000_000))

@@ -26,7 +26,7 @@ class GateConfigError(ValueError):
 #: (e.g. Spark's part-00000-<uuid>-c000.snappy.parquet) is taken as unique to its file
 
 #: fields holding durations in seconds (accept "90s", "5m", ...)
-_DURATIONS = {"late_tolerance", "future_tolerance", "duplicate_lookback", "fraction_history"}
+_DURATIONS = {"late_tolerance", "future_allowance", "duplicate_lookback", "fraction_history"}
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,10 @@ class GateConfig:
     #: a tuple is late if its event time is before interval start - late_tolerance;
     #: None = the query's allowed lateness
     late_tolerance: float | None = None
-    #: a tuple is from the future if its event time is at or after interval end + future_tolerance
-    future_tolerance: float = 0.0
+    #: a tuple is from the future if its event time is at or after its arrival folder's epoch + future_allowance
+    #: (seconds): the landing contract's rule, the join engine's (mjoin.lake.contract); None = the contract's
+    #: default, two arrival cycles of the lake
+    future_allowance: float | None = None
     #: caps of the tolerated shares of late / future rows (as null_key_fraction_max)
     late_fraction_max: float = 0.01
     future_fraction_max: float = 0.0
@@ -110,8 +112,7 @@ class GateConfig:
                 problems.append(f"{name}={v!r} must be a non-negative integer")
         if self.forecast_window < 1:
             problems.append("forecast_window must be at least 1")
-        for name in ("forecast_spread_k", "forecast_floor_rel", "forecast_floor_abs", "forecast_floor_abs_gamma",
-                     "future_tolerance"):
+        for name in ("forecast_spread_k", "forecast_floor_rel", "forecast_floor_abs", "forecast_floor_abs_gamma"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 problems.append(f"{name}={v!r} must be a finite number >= 0")
@@ -127,6 +128,9 @@ class GateConfig:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 problems.append(f"{name}={v!r} must be a duration >= 0 or null")
+        v = self.future_allowance
+        if v is not None and not (isinstance(v, (int, float)) and v > 0):
+            problems.append(f"future_allowance={v!r} must be a duration > 0 (inf: no row is future) or null")
         if not (isinstance(self.improvement_threshold, (int, float)) and math.isfinite(self.improvement_threshold)
                 and self.improvement_threshold < 1):
             problems.append(f"improvement_threshold={self.improvement_threshold!r} must be a finite number < 1")
@@ -200,9 +204,11 @@ def _coerce(name: str, value, current):
     try:
         if name in _DURATIONS:
             if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-                if name in ("future_tolerance", "fraction_history"):
+                if name == "fraction_history":
                     raise ValueError("must be a duration")
                 return None
+            if name == "future_allowance" and isinstance(value, str) and value.strip().lower() in ("never", "inf"):
+                return float("inf")
             return parse_duration(value)
         if name == "quiet_streams":
             if isinstance(value, str):

@@ -16,6 +16,12 @@ full), the same file name when names are unique (not the lake's positional
 and every column's min, max and NULL count).
 
 The per-file numbers become small pandas frames that GX validates in ~0.05 s:
+Late and future: a row is late when its event time is before the interval's start minus the late
+tolerance; it is *future* by the landing contract's rule, the join engine's (:mod:`mjoin.lake.contract`):
+at or after its arrival folder's epoch plus the future allowance (``future_allowance``, default two of
+the lake's arrival cycles); a file whose rows are mostly future fails ``input.event_time_not_future``
+(the engine quarantines it whole).
+
 ``files`` (one row per file), ``cycles`` (one row per stream and arrival cycle, and one
 ``<stream>@interval`` row per stream: the NULL-key, late and future counts and the row count are
 checked per cycle, so one bad cycle is not diluted by good ones, and over the interval, so a
@@ -51,8 +57,8 @@ from mjoin.gates.bounds import count_limit, row_alpha, rows_floor, tolerated_sha
 from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import input_cycles_suite, input_files_suite
-from mjoin.lake.contract import (FileFacts, Seen, file_size, footer_fingerprint, inspect as inspect_file,
-                                 to_epoch_seconds, type_problem)
+from mjoin.lake.contract import (US, FileFacts, Seen, arrival_cycle, file_size, footer_fingerprint, future_allowance,
+                                 future_from_us, future_problem, inspect as inspect_file, to_epoch_seconds, type_problem)
 from mjoin.model.timeutil import cycles as cycle_starts, iso, parse_duration, parse_time
 from mjoin.runtime import fsutil
 
@@ -146,7 +152,8 @@ def parse_event_times(arr, spark_pattern: str) -> np.ndarray:
 # ---- one file ----------------------------------------------------------------------------------
 
 def _stats_shortcut(md, schema: pa.Schema, keys: list[str], ts: str | None, lo: float, hi: float):
-    """Counts settled by the footer's row-group statistics alone, else None for that part.
+    """Counts settled by the footer's row-group statistics alone, else None for that part (``lo``: late before
+    it, ``hi``: future at or after it; seconds).
 
     Returns ``(null_key_rows or None, (late, future, ts_min, ts_max, null_ts) or None)``."""
     names = [md.schema.column(i).path for i in range(md.num_columns)]
@@ -218,18 +225,23 @@ def unchecked_event_time(stream, spark: bool) -> str | None:
     return None
 
 
-def summarize_file(path: str, stream, lo: float, hi: float, *, scan: bool = True) -> dict:
+def summarize_file(path: str, stream, lo: float, hi: float | None, *, scan: bool = True) -> dict:
     """The contract's file-level rules (:func:`mjoin.lake.contract.inspect`: readable, key columns, schema, event
-    time, footer fingerprint) and, with ``scan``, NULL-key and event-time counts of one landed file."""
+    time, mostly future, footer fingerprint) and, with ``scan``, NULL-key and event-time counts of one landed
+    file: late before ``lo``, future at or after ``hi`` (seconds: the file's future bound,
+    :func:`mjoin.lake.contract.future_from_us`; None: no row is future)."""
     out = {"rows": math.nan, "read_error": None, "schema_problem": None, "missing_keys": None,
-           "no_event_time": None, "null_key_rows": math.nan, "late": math.nan, "future": math.nan,
-           "ts_min": math.nan, "ts_max": math.nan, "null_ts": math.nan, "shortcut": False, "scan_columns": (),
-           "fingerprint": None}
+           "no_event_time": None, "future_file": None, "null_key_rows": math.nan, "late": math.nan,
+           "future": math.nan, "ts_min": math.nan, "ts_max": math.nan, "null_ts": math.nan, "shortcut": False,
+           "scan_columns": (), "fingerprint": None}
     facts = inspect_file(path, stream)
     out.update(read_error=facts.read_error, schema_problem=facts.schema_problem, missing_keys=facts.missing_keys,
                no_event_time=facts.no_event_time, fingerprint=facts.fingerprint)
     if facts.read_error:
         return out
+    if facts.problem() is None and hi is not None:  # the engine's whole-file rule, after the others
+        out["future_file"] = future_problem(facts, stream, int(round(hi * US)))
+    hi = math.inf if hi is None else hi
     out["rows"] = facts.rows
     fmt = stream.event_time.format
     schema = facts.schema
@@ -265,7 +277,8 @@ def summarize_file(path: str, stream, lo: float, hi: float, *, scan: bool = True
         if ts_part is None:
             secs = parse_event_times(table.column(ts), fmt) if fmt else to_epoch_seconds(table.column(ts))
             ok = np.isfinite(secs)
-            ts_part = (int((secs[ok] < lo).sum()), int((secs[ok] >= hi).sum()),
+            future = (np.round(secs[ok] * US) >= round(hi * US)) if math.isfinite(hi) else np.zeros(int(ok.sum()), bool)
+            ts_part = (int((secs[ok] < lo).sum()), int(future.sum()),
                        float(secs[ok].min()) if ok.any() else math.nan,
                        float(secs[ok].max()) if ok.any() else math.nan, int((~ok).sum()))
         else:
@@ -351,7 +364,7 @@ def _totals(rows: list[dict]) -> dict:
 
 
 FILE_COLUMNS = ["where", "stream", "arrival", "cycle", "rows", "read_error", "schema_problem", "missing_keys",
-                "no_event_time", "duplicate_of", "duplicate_kind", "null_key_rows", "late", "future", "ts_min", "ts_max", "null_ts",
+                "no_event_time", "future_file", "duplicate_of", "duplicate_kind", "null_key_rows", "late", "future", "ts_min", "ts_max", "null_ts",
                 "footer_only"]
 
 #: the fraction rules: (name, bad-row column, checked-row column, cap field of GateConfig)
@@ -367,11 +380,12 @@ def first_arrival(query, lake) -> int | None:
 
 
 def stream_history(query, stream, lake, t0: float, unit: float, cfg: GateConfig, began: int | None,
-                   summaries: dict) -> dict:
+                   summaries: dict, allowance: float | None = None) -> dict:
     """A stream's own history before ``t0``: its landed files of ``[t0 - fraction_history, t0)`` (not
     before the query's first landed cycle ``began``), summarized from their footers like the interval's
-    (late and future relative to each file's own arrival cycle), their totals, and the span in cycles
-    of ``unit`` seconds. ``summaries`` (path -> summary) is filled for reuse by the duplicate check."""
+    (late relative to each file's own arrival cycle, future by the contract's rule: ``allowance``), their
+    totals, and the span in cycles of ``unit`` seconds. ``summaries`` (path -> summary) is filled for reuse by
+    the duplicate check."""
     h0 = t0 - cfg.fraction_history
     if began is not None:
         h0 = max(h0, float(began))
@@ -383,10 +397,23 @@ def stream_history(query, stream, lake, t0: float, unit: float, cfg: GateConfig,
     for a, p in landed(lake, stream.source, h0, t0):
         x = summaries.get(p)
         if x is None:
-            x = summaries[p] = summarize_file(p, stream, a - late_tol, a + unit + cfg.future_tolerance)
+            x = summaries[p] = summarize_file(p, stream, a - late_tol, _future_s(a, allowance))
         if x["read_error"] is None and not _nan(x["rows"]):
             rows.append(x)
     return {"from": iso(h0), "cycles": span, **_totals(rows)}
+
+
+def _future_s(arrival: int, allowance: float | None) -> float | None:
+    bound = future_from_us(int(arrival), allowance)
+    return None if bound is None else bound / US
+
+
+def lake_future_allowance(query, lake, cfg: GateConfig) -> tuple[float | None, float | None]:
+    """``(future allowance in seconds or None, the lake's arrival cycle or None)``: ``cfg.future_allowance``,
+    else two of the lake's arrival cycles inferred from every arrival folder of the query's sources, as the join
+    engine infers them (:func:`mjoin.lake.contract.arrival_cycle`)."""
+    cycle = arrival_cycle([lake.arrivals(src) for src in dict.fromkeys(s.source for s in query.streams)])
+    return future_allowance(cfg.future_allowance, cycle), cycle
 
 
 def judge_rows(rows: list[dict], history: dict, cfg: GateConfig, quiet: set) -> None:
@@ -431,7 +458,8 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
         raise GateConfigError("the cycle length must be positive")
     if t1 <= t0:
         raise GateConfigError(f"empty interval [{iso(t0)}, {iso(t1)})")
-    lo, hi = t0 - cfg.late_tolerance_for(query), t1 + cfg.future_tolerance
+    lo = t0 - cfg.late_tolerance_for(query)
+    allowance, lake_cycle = lake_future_allowance(query, lake, cfg)
     lookback = cfg.duplicate_lookback_for(query)
     starts = [c.timestamp() for c in cycle_starts(t0, t1, cycle)] if cycle else [t0]
     use_spark = spark is not None or cfg.input_engine == "spark"
@@ -441,9 +469,9 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
     for s in query.streams:
         files = landed(lake, s.source, t0, t1)
         before: dict = {}  # footers of earlier files, read once for the history and the duplicate check
-        history[s.name] = stream_history(query, s, lake, t0, cycle or (t1 - t0), cfg, began, before)
+        history[s.name] = stream_history(query, s, lake, t0, cycle or (t1 - t0), cfg, began, before, allowance)
         earlier = landed(lake, s.source, t0 - lookback, t0) if lookback > 0 else []
-        summaries = {p: summarize_file(p, s, lo, hi, scan=not use_spark) for _, p in files}
+        summaries = {p: summarize_file(p, s, lo, _future_s(a, allowance), scan=not use_spark) for a, p in files}
         candidates = []
         for _, p in earlier:
             rows, fp = (before[p]["rows"], before[p]["fingerprint"]) if p in before else file_fingerprint(p)
@@ -466,7 +494,7 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
                 keys = keys if len(keys) == len(s.keys) else []
                 ts_column = s.event_time.column
                 timed = s.event_time.expr is not None or ts_column in names
-                for p, counts in scan_with_spark(spark, s, paths, lo, hi, keys=keys, timed=timed,
+                for p, counts in scan_with_spark(spark, s, paths, lo, allowance, keys=keys, timed=timed,
                                                  columns=None if s.event_time.expr is not None else sorted(names)).items():
                     summaries[p].update(counts)
         mine = []
@@ -477,7 +505,7 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
             row = {"where": _rel(lake, p), "stream": s.name, "arrival": iso(a), "cycle": iso(starts[min(i, len(starts) - 1)]),
                    "cycle_index": i, "rows": x["rows"], "read_error": x["read_error"],
                    "schema_problem": x["schema_problem"], "missing_keys": x["missing_keys"],
-                   "no_event_time": x["no_event_time"], "duplicate_of": dup_of,
+                   "no_event_time": x["no_event_time"], "future_file": x["future_file"], "duplicate_of": dup_of,
                    "duplicate_kind": dup_kind, "null_key_rows": x["null_key_rows"], "late": x["late"],
                    "future": x["future"], "ts_min": x["ts_min"], "ts_max": x["ts_max"], "null_ts": x["null_ts"],
                    "footer_only": x["shortcut"]}
@@ -504,7 +532,8 @@ def summarize_input(query, lake, start, end, *, cycle: float | str | None = None
         for c in ("ts_min", "ts_max"):
             df[c] = df[c].astype(object)
     return {"files": files_df, "cycles": cycles_df, "streams": streams_df,
-            "bounds": {"event_time_from": iso(lo), "event_time_to": iso(hi), "engine": "spark" if use_spark else "pyarrow",
+            "bounds": {"event_time_from": iso(lo), "future_allowance_seconds": allowance, "arrival_cycle_seconds": lake_cycle,
+                       "engine": "spark" if use_spark else "pyarrow",
                        "first_arrival": iso(began) if began is not None else None}}
 
 

@@ -30,12 +30,13 @@ def _norm(path: str) -> str:
     return os.path.abspath(path)
 
 
-def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, keys: list[str],
+def scan_with_spark(spark, stream, paths: list[str], lo: float, future_allowance: float | None, *, keys: list[str],
                     timed: bool, columns: list[str] | None = None) -> dict:
     """``{path: counts}`` for ``paths`` of one stream that share one schema: NULL-key rows where ``keys``
-    (all the stream's join keys, or none) are given; late, future, NULL event times and min/max event
-    time where ``timed`` (the event time can be computed from the files). ``columns``: the columns to
-    read (None: all, for an ``expr`` that may use any)."""
+    (all the stream's join keys, or none) are given; late (before ``lo``), future (at or after the file's arrival
+    epoch + ``future_allowance`` seconds: :func:`mjoin.lake.contract.future_from_us`; None: none), NULL event
+    times and min/max event time where ``timed`` (the event time can be computed from the files). ``columns``: the
+    columns to read (None: all, for an ``expr`` that may use any)."""
     if not paths or (not keys and not timed):
         return {}
 
@@ -55,8 +56,13 @@ def scan_with_spark(spark, stream, paths: list[str], lo: float, hi: float, *, ke
         aggs.append(F.sum(F.when(any_null, 1).otherwise(0)).alias("null_key_rows"))
     if timed:
         df = df.withColumn("_ts", F.expr(event_time_sql(stream, df)).cast("double") / F.lit(1e6))
+        if future_allowance is None:
+            future = F.lit(0)
+        else:  # the file's arrival epoch from its folder, as the engine takes it (mjoin.lake.contract.arrival_of)
+            arrival = F.expr("try_cast(regexp_extract(_file, 'arrival=([0-9]+)/[^/]*$', 1) AS DOUBLE)")
+            future = F.when(F.col("_ts") >= arrival + F.lit(float(future_allowance)), 1).otherwise(0)
         aggs += [F.sum(F.when(F.col("_ts") < F.lit(lo), 1).otherwise(0)).alias("late"),
-                 F.sum(F.when(F.col("_ts") >= F.lit(hi), 1).otherwise(0)).alias("future"),
+                 F.sum(future).alias("future"),
                  F.min("_ts").alias("ts_min"), F.max("_ts").alias("ts_max"),
                  F.sum(F.when(F.col("_ts").isNull(), 1).otherwise(0)).alias("null_ts")]
     by_file = {_norm(r["_file"]): r.asDict() for r in df.groupBy("_file").agg(*aggs).collect()}

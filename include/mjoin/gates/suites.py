@@ -69,6 +69,9 @@ _doc("input.schema_matches_spec", "every declared column of the stream is presen
 _doc("input.key_columns_present", "every join-key column of the stream is present in the file")
 _doc("input.event_time_parseable", "a file with rows has an event time on at least one of them (a file whose every "
                                    "event time is NULL is rejected whole)")
+_doc("input.event_time_not_future", "no file has more than half of its rows with an event time at or after its "
+                                    "arrival folder's epoch + future_allowance (such a file is quarantined whole by "
+                                    "the join engine; its other future rows one by one)")
 _doc("input.no_duplicate_files", "no file repeats another file of the stream landed in the interval or in the "
                                  "lookback before it: same bytes, same (non-positional) file name, or same rows by "
                                  "the footer fingerprint")
@@ -78,8 +81,9 @@ _doc("input.null_key_fraction_below_max", "per stream and cycle (and over the in
 _doc("input.late_fraction_below_max", "per stream and cycle (and over the interval): rows with event time < start - "
                                       "late_tolerance <= the binomial upper bound at the tolerated share (cap "
                                       "late_fraction_max)")
-_doc("input.future_fraction_below_max", "per stream and cycle (and over the interval): rows with event time >= end + "
-                                        "future_tolerance <= the binomial upper bound at the tolerated share (cap "
+_doc("input.future_fraction_below_max", "per stream and cycle (and over the interval): rows with event time >= "
+                                        "their arrival folder's epoch + future_allowance (the landing contract's "
+                                        "future rows) <= the binomial upper bound at the tolerated share (cap "
                                         "future_fraction_max)")
 _doc("input.stream_flows_when_expected", "every stream not in quiet_streams lands >= min_rows_per_cycle rows in every "
                                          "cycle, or, if its history shows it is sparse, at least its Poisson lower "
@@ -89,7 +93,7 @@ _doc("input.stream_flows_when_expected", "every stream not in quiet_streams land
 @_built_once
 def input_files_suite(query, cfg):
     """Frame ``files``: one row per landed file of the interval (where = path in the lake, stream,
-    arrival, cycle, rows, read_error, schema_problem, missing_keys, no_event_time, duplicate_of,
+    arrival, cycle, rows, read_error, schema_problem, missing_keys, no_event_time, future_file, duplicate_of,
     duplicate_kind): the file-level rules of the landing contract (:mod:`mjoin.lake.contract`)."""
     return make_suite(f"mjoin.input.files.{query.name}", [
         expect("ExpectColumnValuesToBeNull", "input.files_readable", "an unreadable file cannot be joined",
@@ -101,6 +105,9 @@ def input_files_suite(query, cfg):
                "{where}: missing key column(s) {missing_keys}", column="missing_keys"),
         expect("ExpectColumnValuesToBeNull", "input.event_time_parseable", "a tuple without an event time has no window",
                "{where}: {no_event_time}", column="no_event_time"),
+        expect("ExpectColumnValuesToBeNull", "input.event_time_not_future",
+               "a file whose rows are mostly from the future has a broken clock; the join job quarantines it whole",
+               "{where}: {future_file}", column="future_file"),
         expect("ExpectColumnValuesToBeNull", "input.no_duplicate_files",
                "a file landed twice double-counts every join result it takes part in",
                "{where} duplicates {duplicate_of} ({duplicate_kind})", column="duplicate_of"),
@@ -130,7 +137,8 @@ def input_cycles_suite(query, cfg, late_tolerance: float):
                "expected at most at the tolerated share {late_share} ({late_basis}); earliest event time {ts_min}",
                column_A="late_limit", column_B="late", or_equal=True, ignore_row_if="either_value_is_missing"),
         expect("ExpectColumnPairValuesAToBeGreaterThanB", "input.future_fraction_below_max",
-               f"event time after the interval end + {cfg.future_tolerance:g}s: a clock or replay error; more than the "
+               "event time at or after the arrival folder's epoch + the future allowance: a clock or replay error, "
+               "quarantined by the join job and never moving a watermark; more than the "
                f"stream's usual share (at {conf}; at most {cfg.future_fraction_max:.1%}) is a failure",
                "{where}: {future} of {ts_checked_rows} rows are from the future ({future_fraction}), more than the "
                "{future_limit} expected at most at the tolerated share {future_share} ({future_basis}); latest event "

@@ -12,10 +12,19 @@ statistics), plus the bytes of a file whose size equals an earlier file's (conte
 | ``input.key_columns_present`` | ``missing_key``   | a join-key column of its stream is missing                  |
 | ``input.schema_matches_spec`` | ``schema_mismatch`` | a declared column is missing or has a type the spec does not allow (:func:`type_problem`) |
 | ``input.event_time_parseable``| ``no_event_time`` | it has rows and every one has a NULL event time (footer statistics) |
+| ``input.event_time_not_future`` | ``future``      | more than half of its rows with an event time are *future* (below)       |
 | ``input.no_duplicate_files``  | ``duplicate_file`` | it repeats an earlier file of its stream: the same bytes, the same (non-positional) file name, or the same rows by the footer fingerprint |
 
 Rows of an accepted file can still be quarantined one by one (NULL key, unparseable event time,
-late): :mod:`mjoin.engine.normalize`. Whether any row of a file *can* be is a footer fact too
+future, late): :mod:`mjoin.engine.normalize`.
+
+**Event-time sanity.** A row is *future* when its event time is at or after its arrival folder's epoch
+plus the *future allowance* (:func:`future_from_us`): a producer whose clock runs years ahead, or a file
+landed in the wrong folder. It is quarantined as ``future`` and never moves a watermark (only accepted rows
+do), so one bad producer cannot make every later row ``late``. The allowance is
+:data:`FUTURE_CYCLES` arrival cycles unless configured (:func:`future_allowance`); the arrival cycle is the
+lake's, inferred from its arrival folders when not given (:func:`arrival_cycle`). A file more than
+:data:`FUTURE_FILE_SHARE` of whose timed rows are future is quarantined whole (:func:`future_rows`). Whether any row of a file *can* be is a footer fact too
 (:func:`row_rejects`, conservative: "can" whenever the footer does not tell): where no file of a run
 can reject a row, the engine's Spark input path carries no reject columns.
 
@@ -40,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mjoin.model.eventtime import arrow_kind, micros_arrow
+from mjoin.model.timeutil import iso
 from mjoin.runtime import fsutil
 from mjoin.runtime.pools import shared_pool
 
@@ -49,11 +59,17 @@ RULES = {
     "input.key_columns_present": "missing_key",
     "input.schema_matches_spec": "schema_mismatch",
     "input.event_time_parseable": "no_event_time",
+    "input.event_time_not_future": "future",
     "input.no_duplicate_files": "duplicate_file",
 }
 FILE_REASONS = tuple(RULES.values())
 #: file names the lake reuses in every arrival folder: never duplicates by name alone
 DEFAULT_POSITIONAL = r"part-\d+\.parquet"
+#: the default future allowance, in arrival cycles (docs/workloads.md, "Event-time sanity")
+FUTURE_CYCLES = 2
+#: a file whose future rows are more than this share of its rows with an event time is quarantined whole
+FUTURE_FILE_SHARE = 0.5
+US = 1_000_000
 SAME_BYTES, SAME_NAME, SAME_ROWS = "same bytes", "same file name", "same rows (footer: row count, schema, column min/max/NULLs)"
 _INT_BITS = {"short": 16, "int": 32, "long": 64}
 
@@ -239,14 +255,17 @@ class FileFacts:
             return "input.event_time_parseable", self.no_event_time
         return None
 
-    def rows_can_be_rejected(self, late_before: int | None = None) -> str | None:
+    def rows_can_be_rejected(self, late_before: int | None = None, future_from: int | None = None) -> str | None:
         """Why a row of this (accepted) file can be quarantined, None if none can: :attr:`row_rejects`, or, with a
-        watermark (``late_before``, epoch micros: rows before it are ``late``), an earliest event time not after it
-        (by 1 us: a footer's nanosecond minimum is truncated)."""
+        future bound (``future_from``, epoch micros: rows at or after it are ``future``), a latest event time not
+        1 ms before it (or not known), or, with a watermark (``late_before``, epoch micros: rows before it are
+        ``late``), an earliest event time not after it (by 1 us: a footer's nanosecond minimum is truncated)."""
         if self.rows == 0:
             return None
         if self.row_rejects:
             return self.row_rejects
+        if future_from is not None and (self.ts_max is None or self.ts_max * US + 1_000 >= future_from):
+            return "rows may be at or after the future bound (future)"
         if late_before is None:
             return None
         earliest = self.ts_min_us  # a conversion per access: once
@@ -552,6 +571,94 @@ def file_size(path: str) -> int | None:
     fs, p = fsutil.resolve(path)
     info = fs.get_file_info(p)
     return info.size if info.size is not None and info.size >= 0 else None
+
+
+# ---- event-time sanity: future rows ------------------------------------------------------------
+
+_ARRIVAL_DIR = re.compile(r"(?:^|/)arrival=(\d+)/[^/]*$")
+
+
+def arrival_of(path: str) -> int | None:
+    """The arrival epoch (seconds) of a landed file, from its folder ``arrival=<epoch>`` (None: not in one)."""
+    m = _ARRIVAL_DIR.search(str(path))
+    return int(m.group(1)) if m else None
+
+
+def arrival_cycle(epochs) -> int | None:
+    """The lake's arrival cycle (seconds) from its arrival folders (``epochs``: per source, the arrival epochs
+    landed): the most common gap between consecutive folders of one source, the smallest of equally common
+    ones; None while no source has two folders. The mode, not the smallest gap: a folder landed off the cycle
+    (a quarantine replay lands at ``arrival=<now>``) makes two odd gaps, a sparse source's skipped cycles
+    make multiples of the cycle."""
+    counts: dict = {}
+    for eps in epochs:
+        e = sorted(set(int(x) for x in eps))
+        for a, b in zip(e, e[1:]):
+            counts[b - a] = counts.get(b - a, 0) + 1
+    if not counts:
+        return None
+    top = max(counts.values())
+    return min(g for g, c in counts.items() if c == top)
+
+
+def future_allowance(configured: float | None, cycle: float | None) -> float | None:
+    """Seconds after an arrival folder's epoch from which an event time is future: ``configured`` (seconds;
+    ``inf``: no check), else :data:`FUTURE_CYCLES` arrival cycles; None: no check (neither is known)."""
+    if configured is not None:
+        return None if math.isinf(configured) else float(configured)
+    return None if not cycle else FUTURE_CYCLES * float(cycle)
+
+
+def future_from_us(path_or_arrival, allowance: float | None) -> int | None:
+    """The event time (epoch micros) from which a row of a file (its path, or its arrival epoch) is future:
+    its arrival folder's epoch plus ``allowance`` seconds; None: no check (no allowance, or not in a folder)."""
+    arrival = path_or_arrival if isinstance(path_or_arrival, (int, np.integer)) else arrival_of(path_or_arrival)
+    if allowance is None or arrival is None:
+        return None
+    return int(arrival) * US + int(round(allowance * US))
+
+
+def future_rows(facts: FileFacts, stream, bound_us: int | None) -> tuple[int, int] | None:
+    """``(future rows, rows with an event time)`` of an accepted file whose rows at or after ``bound_us`` are
+    future (:func:`future_from_us`): by the footer where it settles it (the latest event time before the bound,
+    or the earliest at or after it), else from the event-time column read alone (the engine's conversion,
+    :func:`mjoin.model.eventtime.micros_arrow`). None where the driver cannot compute event times (a string
+    pattern or an expression: Spark's to evaluate; such a file's future rows are quarantined row by row)."""
+    if bound_us is None or not facts.rows:
+        return 0, facts.rows or 0
+    et = stream.event_time
+    if et.expr is not None or et.format is not None:
+        return None
+    if facts.ts_max is not None and facts.ts_max * US + 1_000 < bound_us:
+        return 0, facts.rows
+    if facts.ts_bounds is not None:  # every row's time usable (no NULL): by the footer's minimum
+        earliest = facts.ts_min_us
+        if earliest is not None and earliest >= bound_us:
+            return facts.rows, facts.rows
+    try:
+        fs, p = fsutil.resolve(facts.path)
+        with fs.open_input_file(p) as fh:
+            col = pq.ParquetFile(fh).read(columns=[et.column], use_threads=False).column(et.column)
+        us = micros_arrow(col, arrow_kind(col.type))
+    except (OSError, ValueError, TypeError, OverflowError, pa.ArrowException):
+        return None  # the data does not read: the engine's reader quarantines the file (unreadable)
+    v = np.asarray(us.fill_null(np.iinfo(np.int64).min).to_numpy(), dtype=np.int64)
+    timed = len(us) - us.null_count
+    return int((v >= bound_us).sum()), int(timed)
+
+
+def future_problem(facts: FileFacts, stream, bound_us: int | None) -> str | None:
+    """Why an otherwise accepted file is quarantined whole as ``future`` (rule ``input.event_time_not_future``):
+    more than :data:`FUTURE_FILE_SHARE` of its rows with an event time are at or after ``bound_us``; None: it
+    is not (its future rows, if any, are quarantined one by one)."""
+    counted = future_rows(facts, stream, bound_us)
+    if counted is None:
+        return None
+    future, timed = counted
+    if not future or future <= FUTURE_FILE_SHARE * timed:
+        return None
+    return (f"{future} of {timed} rows have an event time at or after {iso(bound_us / US)} (its arrival folder's "
+            f"epoch plus the future allowance)")
 
 
 # ---- duplicates ----------------------------------------------------------------------------
