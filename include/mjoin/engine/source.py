@@ -22,7 +22,12 @@ batch re-run after a crash sees the same files. Modification times play no part.
   ``recheck_seconds`` of the newest arrival seen for the source (a producer that writes a folder's
   files one by one instead of renaming the folder whole is still caught then). A file that turns
   up in an older folder later is not read: the contract says folders land whole.
-- Admission control: ``maxFilesPerTrigger`` caps a batch (Spark's ``ReadMaxFiles``);
+- Admission control: ``maxFilesPerTrigger`` caps a batch (Spark's ``ReadMaxFiles``) in **whole arrival
+  folders**: a batch ends only where the log passes from one (source, arrival) folder to the next
+  (:func:`capped_end`), so it holds all files of a folder or none; it holds as many whole folders as fit in
+  the cap, and at least one (a folder with more files than the cap is read whole). The contract lands a
+  folder as one unit, and the parts of one cycle span the same event times: a boundary between them let
+  the first part advance its stream's watermark and made rows of the next part ``late``.
   ``availableNow`` reads up to what was listed when the query started.
 - Compaction: entries before the last committed offset are only needed to recognise folders and
   files already listed; they are folded into ``known.json`` (folder -> file names) when the log
@@ -150,6 +155,29 @@ class FileLog:
         self.base_seq = upto
 
 
+def capped_end(flog: FileLog, start: int, end: int, max_files: int) -> int:
+    """Where a batch from log position ``start`` ends when at most ``max_files`` files are wanted and the log
+    holds positions up to ``end``: at a folder boundary (a position whose entry's (source, arrival) differs from
+    the one before it), the last one within the cap, else the first one after it (one folder alone exceeds the
+    cap: read whole), else ``end``."""
+    if max_files <= 0 or end - start <= max_files:
+        return end
+    entries = flog.between(start, end)
+
+    def boundary(p: int) -> bool:
+        a, b = entries[p - start - 1], entries[p - start]
+        return (a.source, a.arrival) != (b.source, b.arrival)
+
+    cut = start + max_files
+    for p in range(cut, start, -1):
+        if boundary(p):
+            return p
+    for p in range(cut + 1, end):
+        if boundary(p):
+            return p
+    return end
+
+
 def discover(lake, sources: list[str], flog: FileLog, recheck_seconds: float) -> list[FileEntry]:
     """List the sources' arrival folders, log the files not seen before (ordered by arrival epoch,
     then the sources' order, then path) and return them."""
@@ -227,9 +255,10 @@ def _pyspark_classes():
             if self.target is None:
                 discover(self.lake, self.sources, self.log, self.recheck)
             end = self.log.next_seq if self.target is None else self.target
-            if isinstance(limit, ReadMaxFiles):
-                end = min(end, int(start["seq"]) + limit.max_files)
-            return {"seq": max(end, int(start["seq"]))}
+            first = int(start["seq"])
+            if isinstance(limit, ReadMaxFiles) and end > first:
+                end = capped_end(self.log, first, end, limit.max_files)  # whole arrival folders
+            return {"seq": max(end, first)}
 
         def reportLatestOffset(self):
             return {"seq": self.log.next_seq}
