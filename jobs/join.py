@@ -4,7 +4,9 @@
     spark-submit jobs/join.py --query Q --plan plan.json --lake L --from T0 --to T1 --cycle 60 --out O
 
 Same arguments as ``python -m mjoin run`` (see ``--help``). Exit 2 for errors the
-user can fix (bad spec, plan, arguments), 1 for anything else.
+user can fix (bad spec, plan, arguments; the job already running, refused before Spark
+starts), 1 for anything else (a full disk or a read-only folder: one line naming the
+cause and the path, the traceback in the log above it).
 """
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ import sys
 def main(argv=None) -> int:
     from mjoin.commands import UserError
     from mjoin.commands import run as run_command
+    from mjoin.engine.failure import JobFailed
     from mjoin.model.plan import PlanError
     from mjoin.model.query import QuerySpecError
-    from mjoin.runtime.resources import Resources
-    from mjoin.runtime.spark import get_spark
 
     parser = argparse.ArgumentParser(prog="jobs/join.py", description=run_command.DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,9 +33,10 @@ def main(argv=None) -> int:
     # under spark-submit (its JVM is already up) the master comes from --master, not MJOIN_SPARK_MASTER
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
         os.environ.setdefault("SPARK_SUBMIT_ARGS_SET_MASTER", "1")
-    spark = get_spark(f"mjoin-join-{'stream' if args.stream else 'interval'}", Resources.from_env())
-    try:
-        summary = run_command.execute(spark, args)
+    try:  # the streaming job is claimed before Spark starts: a second start is refused at once
+        summary = run_command.launch(args, f"mjoin-join-{'stream' if args.stream else 'interval'}")
+    except JobFailed as exc:  # a full disk, a read-only folder: one line, exit 1, the traceback in the log
+        return run_command.failed(exc)
     except (UserError, QuerySpecError, PlanError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

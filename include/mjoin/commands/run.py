@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import sys
 
 import pyarrow.parquet as pq
 
 from mjoin.commands import UserError
 from mjoin.engine.config import EngineConfig, EngineError
+from mjoin.engine.control import JobControl, JobRunning
+from mjoin.engine.failure import JobFailed, filesystem_failure
 from mjoin.engine.runs import run_interval, run_stream
+from mjoin.engine.stream import claim_info
 from mjoin.engine.state import StateStore
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import RegistryError
@@ -22,6 +27,7 @@ from mjoin.runtime import fsutil
 from mjoin.runtime.resources import Resources
 from mjoin.runtime.spark import get_spark
 
+log = logging.getLogger(__name__)
 NAME = "run"
 HELP = "run the multi-way stream join (interval evaluation, or --stream)"
 DESCRIPTION = """Run the Spark multi-way window join of a query.
@@ -41,7 +47,12 @@ state, results and metrics in the lake; the plan is the registry's active one
 
   python -m mjoin run --stream --query tpcds_returns_by_address --lake .lake
 
---engine spark-native runs Spark's own chained stream-stream joins instead (baseline)."""
+--engine spark-native runs Spark's own chained stream-stream joins instead (baseline).
+
+Exit codes: 0 done; 2 bad input (spec, plan, arguments) or the streaming job of this
+query already runs (refused before Spark starts); 1 anything else. A full disk or a
+read-only folder ends the run with one line naming the cause and the path (the
+traceback is in the log above it), and `job status` records the failure."""
 
 
 def add_arguments(p):
@@ -61,10 +72,19 @@ def add_arguments(p):
     s.add_argument("--interval", type=float, help="processingTime trigger interval, seconds")
     s.add_argument("--timeout", type=float, help="stop a processingTime run after this many seconds")
     s.add_argument("--namespace", default="", help="lake namespace for outputs (e.g. eval/run1)")
-    s.add_argument("--max-files-per-trigger", type=int, help="at most this many landed files per micro-batch")
+    s.add_argument("--max-files-per-trigger", type=int,
+                   help="at most this many landed files per micro-batch, in whole arrival folders (a folder with "
+                        "more files is read whole in a batch of its own)")
     s.add_argument("--idle-timeout", type=_idle_timeout, metavar="SECONDS|never",
                    help="a stream whose event time lags the leading stream's by more than this is idle: the "
                         "job's watermark does not wait for it (default: the query's largest window)")
+    t = p.add_argument_group("event-time sanity (the landing contract)")
+    t.add_argument("--future-allowance", type=_allowance, metavar="SECONDS|never",
+                   help="a row whose event time is at or after its arrival folder's epoch plus this is 'future': "
+                        "quarantined, it moves no watermark (default: two arrival cycles)")
+    t.add_argument("--arrival-cycle", type=_positive_duration, metavar="SECONDS",
+                   help="the lake's arrival cycle (default: the most common gap between two consecutive arrival "
+                        "folders of a source)")
     e = p.add_argument_group("engine")
     e.add_argument("--buckets", type=int, default=16, help="key buckets per attribute class (default 16)")
     e.add_argument("--driver-rows", type=int, default=1_000_000, metavar="N",
@@ -93,6 +113,22 @@ def _idle_timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not v > 0:
         raise argparse.ArgumentTypeError("must be a positive duration (or never)")
+    return v
+
+
+def _allowance(text: str) -> float:
+    if text.strip().lower() in ("never", "inf", "none"):
+        return float("inf")
+    return _positive_duration(text)
+
+
+def _positive_duration(text: str) -> float:
+    try:
+        v = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive duration")
     return v
 
 
@@ -143,6 +179,8 @@ def config_from(args):
     return EngineConfig(buckets=args.buckets, shuffle_partitions=args.shuffle_partitions, prefilter=args.prefilter,
                         max_files_per_trigger=args.max_files_per_trigger, fault=args.fault,
                         idle_timeout=getattr(args, "idle_timeout", None),
+                        future_allowance=getattr(args, "future_allowance", None),
+                        arrival_cycle=getattr(args, "arrival_cycle", None),
                         driver_rows=getattr(args, "driver_rows", 1_000_000),
                         psp_slices=_psp_slices(args))
 
@@ -157,15 +195,33 @@ def check_interval_args(args) -> None:
         raise UserError(f"interval evaluation needs {', '.join(missing)} (or use --stream)")
 
 
-def execute(spark, args):
-    """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py)."""
+def claim_job(args):
+    """The streaming job's claim (``engine.control``), taken before Spark starts (a Spark start takes 10-60 s):
+    a second start of the job of this query in this lake is refused at once (``UserError``, naming the running
+    job and the lake). None for an interval run and for the spark-native baseline (no claim)."""
+    if not args.stream or args.engine != "mjoin":
+        return None
+    lake = Lake(args.lake, args.namespace)
+    try:
+        return JobControl(lake, load_query(args.query).name).claim(claim_info(args.trigger, args.interval))
+    except JobRunning as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:  # the control folder cannot be written: a read-only or full lake
+        found = filesystem_failure(exc)
+        raise JobFailed(found.line() if found else f"the join job cannot start: {exc}", found) from exc
+
+
+def execute(spark, args, claim=None):
+    """Run what ``args`` ask for on ``spark``; returns the summary (also used by jobs/join.py). ``claim``: the
+    streaming job's claim (:func:`claim_job`)."""
     query = load_query(args.query)
     try:
         config = config_from(args)
         if args.stream:
             lake = Lake(args.lake, args.namespace)
             return run_stream(spark, query, lake, trigger=args.trigger, interval=args.interval, plan=args.plan,
-                              config=config, engine=args.engine, timeout=args.timeout)
+                              config=config, engine=args.engine, timeout=args.timeout,
+                              **({"claim": claim} if claim is not None else {}))
         check_interval_args(args)
         return run_interval(spark, query, args.plan, Lake(args.lake), args.start, args.end, args.cycle, args.out,
                             engine=args.engine, config=config)
@@ -177,11 +233,34 @@ def execute(spark, args):
         raise
 
 
-def run(args) -> int:
+def failed(exc: JobFailed) -> int:
+    """A run ended by its environment (:class:`~mjoin.engine.failure.JobFailed`): the traceback to the log, then
+    the one line naming the cause and the path; exit code 1."""
+    cause = exc.__cause__ or exc
+    log.error("%s; the traceback:", exc, exc_info=(type(cause), cause, cause.__traceback__))
+    print(f"error: {exc}", file=sys.stderr)
+    return 1
 
+
+def launch(args, app_name: str):
+    """Claim the streaming job (before Spark starts), start Spark, run; returns the summary. A claim the run
+    never took over (Spark did not start, a bad argument) is recorded ``failed`` and released."""
     check_interval_args(args)  # usage errors before Spark's ~10 s start
     load_query(args.query)
-    spark = get_spark(f"mjoin-run-{'stream' if args.stream else 'interval'}", Resources.from_env())
-    summary = execute(spark, args)
+    claim = claim_job(args)
+    try:
+        spark = get_spark(app_name, Resources.from_env())
+        return execute(spark, args, claim)
+    except BaseException as exc:
+        if claim is not None:
+            claim.abandon(f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
+
+
+def run(args) -> int:
+    try:
+        summary = launch(args, f"mjoin-run-{'stream' if args.stream else 'interval'}")
+    except JobFailed as exc:
+        return failed(exc)
     print(json.dumps(summary.to_json(), indent=2, default=str) if args.json else summary.describe())
     return 0

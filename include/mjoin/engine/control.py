@@ -23,6 +23,7 @@ against its start time so a recycled pid does not count); a dead process is ``de
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -109,18 +110,33 @@ class Claim:
         self.info = info  # run_id, pid, host, pid_started, started_at, and what the starter passed
         self.run_id = info["run_id"]
         self._fd = fd
+        self.released = False
 
     @property
     def locked(self) -> bool:
         return self._fd is not None
 
     def release(self) -> None:
+        self.released = True
         if self._fd is not None:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 os.close(self._fd)
                 self._fd = None
+
+    def abandon(self, error: str) -> None:
+        """End a claim whose job never ran its query (Spark did not start, a bad argument): record ``failed``
+        with ``error`` (best effort: never raises) and release it. Nothing when it was released already (the
+        job recorded its own end)."""
+        if self.released:
+            return
+        try:
+            self.control.write("failed", **self.info, stopped_at=_now(), error=error)
+        except Exception as exc:  # noqa: BLE001 - reported; the caller's error is the one that matters
+            log.error("cannot record the job's end in %s: %s", self.control.status_path, exc)
+        finally:
+            self.release()
 
 
 class JobControl:
@@ -129,6 +145,8 @@ class JobControl:
     def __init__(self, lake, query_name: str):
         self.root = fsutil.join(lake.checkpoints(query_name), "_control")
         self.query = query_name
+        self.lake_root = lake.root
+        self.namespace = lake.namespace
 
     @property
     def status_path(self) -> str:
@@ -280,13 +298,29 @@ class JobControl:
         return fd
 
     def _refusal(self, st: dict, prefix: str = "") -> str:
+        ns = f" --namespace {self.namespace}" if self.namespace else ""
         return (f"{prefix}the join job of {self.query} is already {st.get('state', 'running')} (pid {st.get('pid')} "
                 f"on {st.get('host')} since {st.get('started_at')}, run {st.get('run_id')}); stop it first "
-                f"(python -m mjoin job stop --query {self.query} --lake <lake>)")
+                f"(python -m mjoin job stop --query {self.query} --lake {self.lake_root}{ns})")
 
     def write(self, state: str, **info) -> None:
-        doc = {"query": self.query, **info, "state": state, "heartbeat_at": _now()}
-        fsutil.atomic_write_text(self.status_path, json.dumps(doc, default=str))
+        """Replace the status file (atomically: a new file renamed over it). On a full disk, where a new file
+        cannot be made, it is rewritten in place (a local lake): a status is a few hundred bytes, the blocks of
+        the one it replaces hold it, so a failure is still recorded when a batch could not write."""
+        doc = json.dumps({"query": self.query, **info, "state": state, "heartbeat_at": _now()}, default=str)
+        try:
+            fsutil.atomic_write_text(self.status_path, doc)
+        except OSError as exc:
+            if fsutil.is_url(self.status_path) or getattr(exc, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            local = fsutil.resolve(self.status_path)[1]
+            fd = os.open(local, os.O_WRONLY)  # (no O_TRUNC: keep the blocks, overwrite, then cut the rest)
+            try:
+                data = doc.encode()
+                os.write(fd, data)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
 
     def clear_stop(self) -> None:
         fsutil.remove(self.stop_path)
@@ -357,10 +391,12 @@ class Watcher:
             time.sleep(0.02)
         return self.hold()
 
-    def finish(self, state: str, reason: str | None = None, error: str | None = None) -> None:
-        """Record how the run ended and release the claim (idempotent)."""
+    def finish(self, state: str, reason: str | None = None, error: str | None = None) -> bool:
+        """Record how the run ended and release the claim (idempotent). Never raises: a status that cannot be
+        written (the folder read-only too) is logged, and the claim is released all the same; returns whether
+        the status was recorded."""
         if self._finished:
-            return
+            return True
         self._finished = True
         self._done.set()
         self._wake.set()
@@ -368,7 +404,15 @@ class Watcher:
             self._thread.join(timeout=30)
         try:
             if self.reason:
-                self.control.clear_stop()
-            self._beat(state, stopped_at=_now(), reason=self.reason or reason, **({"error": error} if error else {}))
+                try:
+                    self.control.clear_stop()
+                except OSError as exc:
+                    log.warning("cannot remove the stop request %s: %s", self.control.stop_path, exc)
+            try:
+                self._beat(state, stopped_at=_now(), reason=self.reason or reason, **({"error": error} if error else {}))
+            except Exception as exc:  # noqa: BLE001 - reported, never masking the job's own error
+                log.error("cannot record the job's end (%s) in %s: %s", state, self.control.status_path, exc)
+                return False
+            return True
         finally:
             self.claim.release()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 from pyspark import StorageLevel
@@ -34,11 +34,13 @@ from pyspark import StorageLevel
 from mjoin.engine.batch import BatchInput, BatchRunner
 from mjoin.engine.compiled import CompiledPlan
 from mjoin.engine.config import EngineConfig, EngineError
-from mjoin.engine.control import JobControl, Watcher
+from mjoin.engine.control import Claim, JobControl, Watcher
+from mjoin.engine.failure import JobFailed, filesystem_failure
 from mjoin.engine.inputs import as_lake, as_plan, as_query
 from mjoin.engine.normalize import (add_counts, inspect_files, local_supported, normalize_local, normalize_streams,
                                     punctuation_rows, write_quarantine)
-from mjoin.engine.source import FileLog, batch_offsets, file_log_dir, source_frame
+from mjoin.engine.interval import future_allowance_of
+from mjoin.engine.source import ARRIVAL, FileLog, batch_offsets, file_log_dir, source_frame
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
 from mjoin.engine.watermark import Watermarks
 from mjoin.lake import contract
@@ -115,6 +117,11 @@ def checkpoint_manager(spark, lake) -> str | None:
     return None
 
 
+def claim_info(trigger: str, interval: float | None) -> dict:
+    """What a streaming job's claim records about its run (``engine.control``)."""
+    return {"trigger": trigger, "interval": interval, "engine": "mjoin"}
+
+
 class StopAtBoundary(Exception):
     """A batch refused because the job is stopping (ends the query; Spark re-runs it after a restart)."""
 
@@ -133,6 +140,7 @@ class StreamJob:
         fallback, src = as_plan(query, plan)
         self.fallback = CompiledPlan.from_plan(query, fallback, source=src, prefilter=config.prefilter)
         self.current: CompiledPlan | None = None
+        self._plan_problem: str | None = None  # the registry problem logged last (logged once per change)
         self.records: list = []
         self.idle_us = (max(self.eq.window_us.values()) if config.idle_timeout is None
                         else config.idle_timeout * 1_000_000)
@@ -150,35 +158,51 @@ class StreamJob:
         self._gate = threading.Lock()
         self.stopping = False  # set by hold(): every later batch is refused
         self.refused: int | None = None
+        self.failure: BaseException | None = None  # the first error of a batch (the job's real cause)
         self.on_batch_end = None  # the lifecycle watcher's hook
         if any(f.startswith("pause_before_commit:") for f in config.faults()):
             self._pause_before_commit()
 
     # ---- plans ------------------------------------------------------------------------------
     def plan_for_batch(self, batch_id: int, prev_manifest: dict | None):
-        """(plan to run, switch record or None, plan error or None), reading the registry's ACTIVE."""
+        """(plan to run, switch record or None, plan error or None), reading the registry's ACTIVE.
+
+        A pointer that cannot be read or names no version (:class:`~mjoin.lake.registry.DamagedPointer`), and a
+        version that is missing or cannot run, are alike: the job keeps the last good plan (the running one;
+        after a restart the one the last committed batch ran, if it still loads; else the fallback) and records
+        ``plan_error`` in every batch's metrics, but logs the problem once per change, not per batch."""
         error = None
         try:
             version = self.registry.active_version()
-        except (OSError, ValueError) as exc:
-            version, error = None, f"cannot read the registry's ACTIVE pointer: {exc}"
+        except (RegistryError, OSError, ValueError) as exc:
+            version, error = None, f"the registry's ACTIVE pointer cannot be used: {exc}"
         new = None
         if version is not None:
             if self.current is not None and self.current.source == "registry" and self.current.version == version:
                 new = self.current
             else:
                 try:
-                    plan = self.registry.get(version, self.query)
-                    new = CompiledPlan.from_plan(self.query, plan, source="registry", prefilter=self.config.prefilter)
+                    new = self._registry_plan(version)
                 except (PlanError, RegistryError, OSError, ValueError) as exc:
                     # a bad plan never stops the join: keep the running plan and report it
                     error = f"active plan v{version} cannot run: {exc}"
-                    log.error("batch %d: %s; keeping %s", batch_id, error, (self.current or self.fallback).describe())
-                    new = self.current
+        if new is None and self.current is None and error and prev_manifest \
+                and prev_manifest.get("plan_source") == "registry" and prev_manifest.get("plan_version"):
+            try:  # a restart: the last good plan is the one the last committed batch ran
+                new = self._registry_plan(int(prev_manifest["plan_version"]))
+            except (PlanError, RegistryError, OSError, ValueError):
+                new = None
         if new is None:
             new = self.current or self.fallback
-            if new is self.fallback and self.current is None:
+            if new is self.fallback and self.current is None and error is None:
                 log.info("no active plan in the registry: running %s", new.describe())
+        if error != self._plan_problem:  # logged once per change, recorded in every batch's metrics
+            if error:
+                log.error("batch %d: %s; running %s (logged again only when this changes)", batch_id, error,
+                          new.describe())
+            elif self._plan_problem:
+                log.info("batch %d: the registry's active plan is usable again", batch_id)
+            self._plan_problem = error
         before = (self.current.version, self.current.source) if self.current else (
             (prev_manifest.get("plan_version"), prev_manifest.get("plan_source")) if prev_manifest else None)
         switch = None
@@ -189,6 +213,29 @@ class StreamJob:
                      new.source)
         self.current = new
         return new, switch, error
+
+    def _registry_plan(self, version: int) -> CompiledPlan:
+        plan = self.registry.get(version, self.query)
+        return CompiledPlan.from_plan(self.query, plan, source="registry", prefilter=self.config.prefilter)
+
+    def future_allowance(self, prev_manifest: dict | None) -> tuple[float | None, float | None]:
+        """``(future allowance in seconds or None, arrival cycle or None)`` of the next batch
+        (:func:`mjoin.engine.interval.future_allowance_of`): the arrival cycle configured, else the one the
+        committed state holds (inferred once, then kept: a restart or a re-run judges alike), else inferred from
+        every arrival folder the file log has listed (not only this batch's)."""
+        cycle = self.config.arrival_cycle
+        if cycle is None and prev_manifest and prev_manifest.get("arrival_cycle"):
+            cycle = prev_manifest["arrival_cycle"]
+        if cycle is None:
+            per: dict = {}
+            flog = self._flog if self._flog is not None else FileLog(file_log_dir(self.checkpoint))
+            for key in flog.folders:
+                source, _, name = key.partition("/")
+                m = ARRIVAL.match(name)
+                if m and source in self.by_source:
+                    per.setdefault(source, []).append(int(m.group(1)))
+            cycle = contract.arrival_cycle(per.values())
+        return future_allowance_of(replace(self.config, arrival_cycle=cycle), ())
 
     def files_by_stream(self, entries) -> tuple[dict, int]:
         """Stream -> landed files of a batch (the source's rows, in arrival order); files of sources no
@@ -279,6 +326,10 @@ class StreamJob:
             self.process(df, batch_id)
             self.last_done = batch_id
             self._pause("after_commit", batch_id)
+        except BaseException as exc:  # kept: Spark relays it as text in a StreamingQueryException
+            if self.failure is None:
+                self.failure = exc
+            raise
         finally:
             self.in_batch = None
             self.idle.set()
@@ -299,7 +350,8 @@ class StreamJob:
         late_before = marks.watermark  # rows below the job's watermark when the batch starts are late
         compiled, switch, plan_error = self.plan_for_batch(batch_id, prev)
         seen = contract.Seen(prev.get("seen_files", []) if prev else [])  # as committed before this batch
-        inspected = inspect_files(self.query, eq, files, seen)
+        allowance, cycle = self.future_allowance(prev)
+        inspected = inspect_files(self.query, eq, files, seen, future_allowance=allowance)
         stages = max(len(ch.segments) for ch in compiled.chains.values())
         state_tuples = sum(e.get("tuples", 0) for e in (prev or {}).get("files", {}).values())
         present = {name for (name, _), _ in inspected.groups.items()}
@@ -315,7 +367,7 @@ class StreamJob:
             if frame is not None and stages > 1:  # later stages read the batch's deltas again
                 frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         punct_rows, promised, bad_punct = punctuation_rows(self.query, eq, punctuations, self.config.buckets,
-                                                          runner.arrow_schema)
+                                                          runner.arrow_schema, future_allowance=allowance)
         inspected.rejects += bad_punct
         write_quarantine(None, {}, inspected.rejects, self.lake, self.query.name, eq, batch_id)
         counts: dict = {}
@@ -341,7 +393,7 @@ class StreamJob:
                     known = after.max_ts.get(f.stream)
                     f.ts_max = known / 1e6 if known is not None else 0.0
             forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
-            return ({"event_time": after.to_json(), "seen_files": seen.to_json()},
+            return ({"event_time": after.to_json(), "seen_files": seen.to_json(), "arrival_cycle": cycle},
                     {"watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
                                     "idle": list(after.idle)},
                      "files_remembered": len(seen.files), "files_forgotten": forgotten})
@@ -354,7 +406,7 @@ class StreamJob:
                 "arrivals": [min((e.arrival for e in entries if e.arrival is not None), default=None),
                              max((e.arrival for e in entries if e.arrival is not None), default=None)],
                 "files": sum(len(v) for v in files.values()), "files_ignored": ignored,
-                "punctuation_files": len(punctuations),
+                "punctuation_files": len(punctuations), "future_allowance": allowance, "arrival_cycle": cycle,
                 "prepare_seconds": round(prepare_seconds, 6)})
         finally:
             if frame is not None and stages > 1:
@@ -365,11 +417,16 @@ class StreamJob:
 
 
 def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: float | None = None, plan=None,
-               config: EngineConfig | None = None, timeout: float | None = None) -> StreamSummary:
+               config: EngineConfig | None = None, timeout: float | None = None, claim: Claim | None = None
+               ) -> StreamSummary:
     """Run the streaming join of ``query`` over ``lake`` (results, metrics, state, checkpoint in the lake).
 
     ``trigger="availableNow"`` processes what has landed and returns; ``"processingTime"``
     runs a micro-batch every ``interval`` seconds until stopped (or ``timeout`` seconds).
+    ``claim``: the job's claim, taken before (``python -m mjoin run --stream`` claims before Spark starts, so
+    a second start is refused at once); else claimed here. A filesystem error (a full disk, a read-only
+    folder) ends the run with :class:`~mjoin.engine.failure.JobFailed`, whose message names the cause and the
+    path; ``job status`` records it (``failed``).
     """
     if trigger not in ("availableNow", "processingTime"):
         raise EngineError(f"unknown trigger {trigger!r} (availableNow, processingTime)")
@@ -379,7 +436,8 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     query = as_query(query)
     lake = as_lake(lake)
     t0 = time.perf_counter()
-    claim = JobControl(lake, query.name).claim({"trigger": trigger, "interval": interval, "engine": "mjoin"})
+    if claim is None:
+        claim = JobControl(lake, query.name).claim(claim_info(trigger, interval))
     job = None
     watcher = Watcher(claim, progress=lambda: job.progress() if job else {},
                       recorded=lambda: job is None or job.recorded(), hold=lambda: job is None or job.hold())
@@ -417,7 +475,11 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
         watcher.finish("stopped", reason="timeout" if finished is False else
                        "all landed data processed (availableNow)" if trigger == "availableNow" else "query ended")
     except BaseException as exc:
-        watcher.finish("failed", error=f"{type(exc).__name__}: {exc}")
+        found = filesystem_failure(job.failure if job is not None else None, exc)
+        line = found.line() if found is not None else None
+        watcher.finish("failed", error=line or f"{type(exc).__name__}: {str(exc)[:2000]}")
+        if line is not None:
+            raise JobFailed(line, found) from (job.failure if job is not None and job.failure is not None else exc)
         raise
     finally:
         restore_conf(spark, before)
