@@ -87,11 +87,11 @@ def run(args) -> int:
             rec = reg.activate(args.version, by=args.by, query=query)
             print(f"activated {query.name} v{rec.version} (was v{rec.previous})")
         elif args.action == "repair":
-            rec = reg.repair(by=args.by, query=query)
+            rec, changed = reg.repair(by=args.by, query=query)
             if rec is None:
-                print(f"{query.name}: no valid plan on the activation log: ACTIVE removed (the join job runs its "
-                      f"fallback plan)")
-            elif rec.action == "repair":
+                print(f"{query.name}: no valid plan on the activation log: " + (
+                    "ACTIVE removed (the join job runs its fallback plan)" if changed else "no ACTIVE, nothing to repair"))
+            elif changed:
                 print(f"repaired {query.name}: ACTIVE -> v{rec.version}")
             else:
                 print(f"{query.name}: ACTIVE is fine (v{rec.version}): nothing to repair")

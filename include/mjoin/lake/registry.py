@@ -298,17 +298,18 @@ class PlanRegistry:
             self._append_log(new)
         return new
 
-    def repair(self, by: str = "manual", query=None) -> Activation | None:
-        """Make ACTIVE name a valid plan again: kept when it does (returns its record); else pointed at the
-        newest version of the activation stack whose plan is valid (with ``query``: for it), recorded as action
-        ``repair``; with none, removed (no active plan: the join job runs its fallback) and None returned."""
+    def repair(self, by: str = "manual", query=None) -> tuple[Activation | None, bool]:
+        """Make ACTIVE name a valid plan again; returns ``(ACTIVE's record or None, whether it changed)``. Kept
+        when it does; else pointed at the newest version of the activation stack whose plan is valid (with
+        ``query``: for it), recorded as action ``repair``; with none, removed (no active plan: the join job runs
+        its fallback)."""
         with self._locked():
             try:
                 rec = self.active_record()
             except DamagedPointer:
                 rec = None
             if rec is not None and self.problem(rec.version, query) is None:
-                return rec
+                return rec, False
             broken = rec.version if rec is not None else None
             for v in reversed(self.activation_stack()):
                 if v != broken and self.problem(v, query) is None:
@@ -317,9 +318,9 @@ class PlanRegistry:
                                                                  "which cannot run"), action="repair")
                     fsutil.atomic_write_text(self._active_path, json.dumps(new.to_json()))
                     self._append_log(new)
-                    return new
+                    return new, True
             fsutil.remove(self._active_path)
-            return None
+            return None, True
 
     def activation_stack(self) -> list[int]:
         """The versions a rollback would go back through, oldest first (the active one last)."""
