@@ -238,7 +238,8 @@ def failed(exc: JobFailed) -> int:
     the one line naming the cause and the path; exit code 1."""
     cause = exc.__cause__ or exc
     log.error("%s; the traceback:", exc, exc_info=(type(cause), cause, cause.__traceback__))
-    print(f"error: {exc}", file=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # (its goodbye at exit would follow the one line)
+    print(f"error: {exc}", file=sys.stderr, flush=True)
     return 1
 
 

@@ -84,7 +84,11 @@ def filesystem_failure(*errors) -> Failure | None:
     for exc in errors:
         for e in _chain(exc) if exc is not None else ():
             if isinstance(e, OSError) and e.errno in FS_ERRNOS:
-                return Failure(os.strerror(e.errno), e.filename if isinstance(e.filename, str) else None)
+                path = e.filename if isinstance(e.filename, str) else None
+                if path is None:  # pyarrow names the path in its message only
+                    found = _QUOTED.search(str(e))
+                    path = found.group(1) if found else None
+                return Failure(os.strerror(e.errno), path)
     for exc in errors:
         for e in _chain(exc) if exc is not None else ():
             found = _from_text(str(e))
@@ -94,21 +98,20 @@ def filesystem_failure(*errors) -> Failure | None:
 
 
 def _from_text(text: str) -> Failure | None:
-    """The first line of ``text`` naming a filesystem cause, with a path on it (or on the line before)."""
+    """The first line of ``text`` naming a filesystem cause and a path (on it, or on the line before that is not
+    a traceback's frame), else the first naming a cause."""
     lines = text.splitlines()
+    first = None
     for i, line in enumerate(lines):
         m = _CAUSE.search(line)
         if m is None:
             continue
-        cause = m.group(0)
-        if cause == "AccessDeniedException":
-            cause = os.strerror(errno.EACCES)
-        if cause == "ReadOnlyFileSystemException":
-            cause = os.strerror(errno.EROFS)
+        cause = {"AccessDeniedException": os.strerror(errno.EACCES),
+                 "ReadOnlyFileSystemException": os.strerror(errno.EROFS)}.get(m.group(0), m.group(0))
         before = lines[i - 1] if i and not lines[i - 1].lstrip().startswith('File "') else ""
         for candidate in (line, before):
             for p in (*_QUOTED.finditer(candidate), *_BARE.finditer(candidate)):
                 if not p.group(1).endswith(".py"):  # a traceback's source file is not where it failed
                     return Failure(cause, p.group(1))
-        return Failure(cause, None)
-    return None
+        first = first or Failure(cause, None)
+    return first

@@ -118,11 +118,15 @@ def atomic_output(path):
     try:
         with out as f:
             yield f
-    except BaseException:
+    except BaseException as exc:
         try:
             fs.delete_file(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:
+            # pyarrow's errors name no file ("Error writing bytes to file"): name the target (same errno, so the
+            # same OSError subclass), so that a full disk says where
+            raise OSError(exc.errno, os.strerror(exc.errno), p) from exc
         raise
     if isinstance(fs, pafs.LocalFileSystem):
         os.replace(tmp, p)  # atomic, and replaces an existing target
