@@ -7,6 +7,12 @@ starts; after a batch, a state tuple of stream r is dropped once ``ts_r <= wm - 
 the watermark the batch started with: every later accepted row has ``ts >= wm``, so such a
 tuple can join none of them (docs/algorithms.md, "Notation": a result needs ``max(ts) - ts_r < W_r``).
 
+**Only accepted rows move it.** ``batch_max`` is the largest event time of the rows the operator
+accepted, and a row at or after its arrival folder's epoch plus the future allowance is never accepted
+(``future``: the landing contract's rule, :func:`mjoin.lake.contract.future_from_us`); a punctuation
+promising beyond that bound is rejected before it reaches ``promised``. So a producer whose clock runs ten
+years ahead cannot drag a stream's watermark there and make every later row ``late``.
+
 This is the policy of Spark's ``spark.sql.streaming.multipleWatermarkPolicy = min`` and of
 Flink's multi-input operators: one stream that runs ahead (a micro-batch holding later files of
 one stream, a boundary inside an arrival cycle) makes nothing late. The maximum over streams,
