@@ -98,6 +98,17 @@ class _Tables:
         self.multi = sum(1 for r in self.rows if r.size) > 1  # one class: every B is 0
         # phis[c][i, S]: the residual factor of looking rows[c][i] up through c from S (Eq. 22)
         self.phis = [self.phi(c, slice(None)) for c in range(K)] if self.multi else None
+        # every (class, member) as one row, grouped by class: one pass per layer covers all classes
+        self.row_class = np.concatenate([np.full(r.size, c, dtype=np.int64) for c, r in enumerate(self.rows)])
+        self.row_stream = np.concatenate(self.rows)
+        self.row_offset = np.cumsum([0] + [r.size for r in self.rows])
+        self.GA = np.vstack([t[0] for t in self.terms])
+        self.UA = np.vstack([t[1] for t in self.terms])
+        self.PA = np.vstack(self.phis) if self.multi else None
+        self.full = (1 << n) - 1
+        # stream_rows[r]: (class, row) of every class r can be looked up through, by class
+        self.stream_rows = [[(int(c), int(i)) for i, (c, rr) in enumerate(zip(self.row_class, self.row_stream))
+                             if rr == r] for r in range(n)]
 
     def phi(self, c: int, S) -> np.ndarray:
         """``phi`` of class ``c``'s members (rows) from the subsets ``S``: the product of the other classes'
@@ -155,9 +166,7 @@ class _Tables:
         with np.errstate(invalid="ignore", over="ignore"):
             for p in range(n - 1, 0, -1):
                 S = by_layer[bounds[p]:bounds[p + 1]]  # (m,) subsets with p members
-                for c in range(K):
-                    if self.rows[c].size:
-                        self._layer(c, S, p == n - 1)
+                self._layer(S, p == n - 1)
                 FS = F[:, S]
                 cols = np.arange(S.size)
                 a1 = np.argmin(FS, axis=0)
@@ -166,149 +175,157 @@ class _Tables:
                 FS[a1, cols] = np.inf
                 best2[S] = FS.min(axis=0)
 
-    def _layer(self, c: int, S: np.ndarray, last: bool) -> None:
-        """The lines of ``(c, S)`` for the subsets ``S`` of one layer: every step into a class-``c`` member
-        followed by a line of the member's subset (Eq. 67) or a class change (Eq. 68), then the lines that no
-        other beats at both ends of the range of ``m`` (Eq. 69)."""
-        R = self.rows[c]
-        m, k = S.size, R.size
-        Gc, Uc = self.terms[c]
-        g = Gc[:, S].T  # (m, k): S-major, so that every subset's candidates are contiguous
-        bit = np.int64(1) << R[None, :]
-        valid = ((S[:, None] & bit) == 0) & np.isfinite(g)
-        vi = np.flatnonzero(valid.ravel())  # the valid (S, r) pairs, S-major
+    def _layer(self, S: np.ndarray, last: bool) -> None:
+        """The lines of ``(c, S)`` for every class ``c`` and the subsets ``S`` of one layer: every step into a
+        class-``c`` member followed by a line of the member's subset (Eq. 67) or a class change (Eq. 68), then the
+        lines that no other beats at both ends of the range of ``m`` (Eq. 69). A segment is one ``(c, S)``:
+        ``seg = c m + s`` for the ``s``-th subset; every segment's candidates are contiguous."""
+        K, m = self.K, S.size
+        g2 = self.GA[:, S]  # (rows, m)
+        bit = np.int64(1) << self.row_stream[:, None]
+        valid2 = ((S[None, :] & bit) == 0) & np.isfinite(g2)
+        # (class, subset, member) order: each class's block transposed
+        perm = np.concatenate([((self.row_offset[c] + np.arange(self.rows[c].size))[None, :] * m
+                                + np.arange(m)[:, None]).ravel() for c in range(K)])
+        vi = perm[valid2.ravel()[perm]]
         if not vi.size:
             return
-        si, ri = np.divmod(vi, k)
+        row, si = np.divmod(vi, m)
+        cp = self.row_class[row]
+        seg = cp * m + si
         Sv = S[si]
-        g = g.ravel()[vi]
-        u = Uc[ri, Sv]
-        nxt = Sv | (np.int64(1) << R[ri])
-        base = self.q[R[ri]] + g * self.am * u
-        if last or not self.multi:  # one line per subset: (base, 0) or the classic subset DP (one class)
-            val = base if last else base + g * self.store_a[self.starts[c][nxt]]
-            best = np.full(m, np.inf)
-            np.minimum.at(best, si, val)
+        g = g2.ravel()[vi]
+        u = self.UA[row, Sv]
+        nxt = Sv | (np.int64(1) << self.row_stream[row])
+        base = self.q[self.row_stream[row]] + g * self.am * u
+        if last or not self.multi:  # one line per segment: (base, 0) or the classic subset DP (one class)
+            val = base if last else base + g * self.store_a[self.starts[cp, nxt]]
+            best = np.full(K * m, np.inf)
+            np.minimum.at(best, seg, val)
             has = np.flatnonzero(np.isfinite(best))
-            self._keep(c, S, has, best[has], np.zeros(has.size))
+            self._keep(S, has, best[has], np.zeros(has.size))
             return
-        gup = g * u * self.phis[c][ri, Sv]
-        ncont = self.counts[c][nxt]
-        a1 = self.arg1[nxt]
-        other = np.where(a1 == c, self.best2[nxt], self.best1[nxt])
-        sw = np.isfinite(other)
-        tot = ncont + sw
+        gup = g * u * self.PA[row, Sv]
+        ncont = self.counts[cp, nxt]
+        other = np.where(self.arg1[nxt] == cp, self.best2[nxt], self.best1[nxt])
+        tot = ncont + np.isfinite(other)
         total = int(tot.sum())
         pair = np.repeat(np.arange(vi.size), tot)
         j = np.arange(total) - np.repeat(np.cumsum(tot) - tot, tot)  # candidate's rank within its (S, r)
         cont = j < ncont[pair]
-        line = self.starts[c][nxt][pair] + np.where(cont, j, 0)
-        basep, gupp = base[pair], gup[pair]
+        line = self.starts[cp, nxt][pair] + np.where(cont, j, 0)
+        basep = base[pair]
         ca = np.where(cont, basep + g[pair] * self.store_a[line], basep)
-        cb = gupp * np.where(cont, self.store_b[line], other[pair])
-        seg = si[pair]
-        va, vb = ca + self.lo[c, S][seg] * cb, ca + self.hi[c, S][seg] * cb
-        idx = np.arange(total)
+        cb = gup[pair] * np.where(cont, self.store_b[line], other[pair])
+        sg_all = seg[pair]
+        va = ca + self.lo[:, S].ravel()[sg_all] * cb
+        vb = ca + self.hi[:, S].ravel()[sg_all] * cb
+        # drop what the lowest line at lo or the lowest at hi beats at both ends (most of it: one pass for all)
+        first = np.flatnonzero(np.concatenate(([True], sg_all[1:] != sg_all[:-1])))
+        cnt = np.diff(np.append(first, total))
+        lo_min = np.repeat(np.minimum.reduceat(va, first), cnt)
+        hi_min = np.repeat(np.minimum.reduceat(vb, first), cnt)
+        hi_of_lo = np.repeat(np.minimum.reduceat(np.where(va == lo_min, vb, np.inf), first), cnt)
+        lo_of_hi = np.repeat(np.minimum.reduceat(np.where(vb == hi_min, va, np.inf), first), cnt)
+        idx = np.flatnonzero(((va < lo_of_hi) | (vb <= hi_min)) & ((vb < hi_of_lo) | (va <= lo_min)))
         out = []
-        while idx.size:  # one line of each subset's front per pass, by increasing value at lo
-            sg, a_, b_ = seg[idx], va[idx], vb[idx]
+        while idx.size:  # one line of each segment's front per pass, by increasing value at lo
+            sg, a_, b_ = sg_all[idx], va[idx], vb[idx]
             first = np.flatnonzero(np.concatenate(([True], sg[1:] != sg[:-1])))
             cnt = np.diff(np.append(first, sg.size))
             amin = np.repeat(np.minimum.reduceat(a_, first), cnt)
             at_min = a_ == amin
             bmin = np.repeat(np.minimum.reduceat(np.where(at_min, b_, np.inf), first), cnt)
             pi = np.flatnonzero(at_min & (b_ == bmin))
-            pi = pi[np.concatenate(([True], sg[pi][1:] != sg[pi][:-1]))]  # the first pick of each subset
+            pi = pi[np.concatenate(([True], sg[pi][1:] != sg[pi][:-1]))]  # the first pick of each segment
             out.append(idx[pi])
             idx = idx[b_ < bmin]
-        # line t of a subset is its pick in pass t: store them per subset in pass order
+        # line t of a segment is its pick in pass t: store them per segment in pass order
         chosen = np.concatenate(out)
-        osg = seg[chosen]
-        counts = np.bincount(osg, minlength=m)
+        osg = sg_all[chosen]
+        counts = np.bincount(osg, minlength=K * m)
         rank = np.concatenate([np.full(o.size, t) for t, o in enumerate(out)])
         pos = (np.cumsum(counts) - counts)[osg] + rank
-        a_out, b_out, s_out = (np.empty(chosen.size) for _ in range(3))
-        a_out[pos], b_out[pos] = ca[chosen], cb[chosen]
+        a_out, b_out = np.empty(chosen.size), np.empty(chosen.size)
         s_out = np.empty(chosen.size, dtype=np.int64)
-        s_out[pos] = osg
-        self._keep(c, S, s_out, a_out, b_out)
+        a_out[pos], b_out[pos], s_out[pos] = ca[chosen], cb[chosen], osg
+        self._keep(S, s_out, a_out, b_out)
 
-    def _keep(self, c: int, S: np.ndarray, seg: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        """Store the lines ``(a, b)`` of the subsets ``S[seg]`` (``seg`` ascending) and their ``F`` (at m = 1)."""
-        total = seg.size
+    def _keep(self, S: np.ndarray, seg: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        """Store the lines ``(a, b)`` of the segments ``seg`` (ascending; ``c m + s``) and their ``F`` (m = 1)."""
+        K, m, total = self.K, S.size, seg.size
         if self.used + total > self.store_a.size:
             size = max(2 * self.store_a.size, self.used + total)
             self.store_a = np.resize(self.store_a, size)
             self.store_b = np.resize(self.store_b, size)
         self.store_a[self.used:self.used + total] = a
         self.store_b[self.used:self.used + total] = b
-        counts = np.bincount(seg, minlength=S.size)
-        self.counts[c, S] = counts
-        self.starts[c, S] = self.used + np.cumsum(counts) - counts
+        counts = np.bincount(seg, minlength=K * m)
+        self.counts[:, S] = counts.reshape(K, m)
+        self.starts[:, S] = (self.used + np.cumsum(counts) - counts).reshape(K, m)
         if total:
             first = np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1])))
-            f = np.full(S.size, np.inf)
+            f = np.full(K * m, np.inf)
             f[seg[first]] = np.minimum.reduceat(a + b, first)
-            self.F[c, S] = f
+            self.F[:, S] = f.reshape(K, m)
         self.used += total
 
     # ---- one order, rebuilt step by step (ties: the lexicographically first) -----------------------------
-    def tail(self, c: int, S: int, mult: float) -> float:
+    def _tail(self, c: int, S: int, mult: float) -> float:
         """The cheapest tail from ``S`` whose first step uses class ``c`` and continues a run with ``mult``."""
-        i, k = self.starts[c, S], self.counts[c, S]
+        i, k = int(self.starts[c, S]), int(self.counts[c, S])
+        if k == 1:
+            return float(self.store_a[i] + mult * self.store_b[i])
         if not k:
             return np.inf
         return float((self.store_a[i:i + k] + mult * self.store_b[i:i + k]).min())
 
-    def other(self, c: int, S: int) -> float:
-        return float(self.best2[S] if self.arg1[S] == c else self.best1[S])
-
-    def candidates(self, S: int, cprev: int | None, R: float, W: float, P: float):
-        """``[(key, total, (r, c, g, u, phi, weight, m_in))]`` of every next step from ``S``."""
-        problem, full = self.problem, (1 << self.n) - 1
-        out = []
-        for r in range(self.n):
-            if S >> r & 1 or not problem.adj_mask[r] & S:
-                continue
-            for c in range(self.K):
-                i = self.row_of[c].get(r)
-                if i is None:
-                    continue
-                g = float(self.terms[c][0][i, S])
-                if g == -np.inf:
-                    continue
-                u = float(self.terms[c][1][i, S])
-                phi = 1.0
-                for cc in self.others[c][i]:
-                    gr = float(self.terms[cc][0][self.row_of[cc][r], S])
-                    if gr > -np.inf:
-                        phi *= gr
-                same = cprev == c
-                m_in, weight = (R, W) if same else (1.0, W * R)
-                base = self.q[r] + g * self.am * u
-                nxt = S | 1 << r
-                if nxt == full:
-                    value = base
-                else:
-                    mult = m_in * u * phi
-                    best = self.tail(c, nxt, mult)
-                    other = self.other(c, nxt) if self.multi else np.inf
-                    if other < np.inf:
-                        best = min(best, mult * other)
-                    value = base + g * best if g else base
-                out.append(((r, c), P + weight * value, (r, c, g, u, phi, weight, m_in, base)))
-        return out
+    def _step(self, S: int, r: int, c: int, row: int, cprev: int, R: float, W: float, P: float):
+        """``(total, terms)`` of the step ``S -> r`` through ``c`` followed by its best completion (None: no edge)."""
+        g = float(self.GA[row, S])
+        if g == -np.inf:
+            return None
+        u = float(self.UA[row, S])
+        phi = float(self.PA[row, S]) if self.multi else 1.0
+        m_in, weight = (R, W) if cprev == c else (1.0, W * R)
+        base = float(self.q[r]) + g * self.am * u
+        nxt = S | 1 << r
+        value = base
+        if nxt != self.full and g:
+            mult = m_in * u * phi
+            best = self._tail(c, nxt, mult)
+            if self.multi:
+                other = float(self.best2[nxt] if self.arg1[nxt] == c else self.best1[nxt])
+                if other < np.inf:
+                    best = min(best, mult * other)
+            value = base + g * best
+        return P + weight * value, (g, u, phi, weight, m_in, base)
 
     def order(self, s: int) -> tuple[list, float]:
-        problem, full = self.problem, (1 << self.n) - 1
-        S, cprev, R, W, P = 1 << s, None, 1.0, 1.0, 0.0
-        joined, pairs, opt = [s], [], None
+        """The order of stream ``s``: at each step the first ``(r, c)`` (lexicographically) whose best completion
+        costs the optimum (to :data:`mjoin.optimizer.cost.TIE_RTOL`)."""
+        problem, full = self.problem, self.full
+        S, cprev, R, W, P = 1 << s, -1, 1.0, 1.0, 0.0
+        opt = float(self.F[:, S].min())
+        limit = opt + TIE_RTOL * abs(opt)
+        joined, pairs = [s], []
         while S != full:
-            cands = self.candidates(S, cprev, R, W, P)
-            if opt is None:
-                opt = min(t for _, t, _ in cands)
-            ok = [x for x in cands if x[1] <= opt + TIE_RTOL * abs(opt)] or [min(cands, key=lambda x: x[1])]
-            _, _, (r, c, g, u, phi, weight, m_in, base) = min(ok, key=lambda x: x[0])
+            pick, fallback = None, None
+            for r in range(self.n):
+                if S >> r & 1 or not problem.adj_mask[r] & S:
+                    continue
+                for c, row in self.stream_rows[r]:
+                    got = self._step(S, r, c, row, cprev, R, W, P)
+                    if got is None:
+                        continue
+                    if got[0] <= limit:
+                        pick = (r, c, got[1])
+                        break
+                    if fallback is None or got[0] < fallback[0]:
+                        fallback = (got[0], (r, c, got[1]))
+                if pick is not None:
+                    break
+            r, c, (g, u, phi, weight, m_in, base) = pick if pick is not None else fallback[1]
             pairs.append((problem.representative(joined, r, c), r))
             joined.append(r)
             P += weight * base
