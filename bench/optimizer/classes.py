@@ -52,7 +52,7 @@ sys.path.insert(0, str(HERE.parent.parent / "include"))
 from mjoin.engine.metrics import git_commit, machine  # noqa: E402
 from mjoin.model.query import load_query  # noqa: E402
 from mjoin.optimizer import baselines  # noqa: E402
-from mjoin.optimizer.ajosc import CDG, ajosc_cost, ajosc_statistics, test_changed  # noqa: E402
+from mjoin.optimizer.ajosc import CDG, ajosc_cost, ajosc_statistics, changed  # noqa: E402
 from mjoin.optimizer.cost import CostModel, JoinProblem, order_cost  # noqa: E402
 from mjoin.optimizer.dppick import dp_pick  # noqa: E402
 from mjoin.optimizer.exact import exact_dp  # noqa: E402
@@ -310,11 +310,11 @@ def _plan_costs(problem, model, deg, inter, orders) -> tuple[float, float]:
 
 
 def _moved(prev: JoinProblem, new: JoinProblem) -> bool:
-    """Did any statistic move by AJOSC's threshold (``test_changed``)?"""
+    """Did any statistic move by AJOSC's threshold (``changed``)?"""
     edge = new.cls >= 0
     pairs = [(prev.gamma[edge], new.gamma[edge]), (prev.mu[edge], new.mu[edge]), (prev.lam, new.lam),
              (prev.kappa, new.kappa)]
-    return any(test_changed(float(b), float(a)) for xs, ys in pairs for a, b in zip(xs, ys))
+    return any(changed(float(b), float(a)) for xs, ys in pairs for a, b in zip(xs, ys))
 
 
 def ajosc_part(work: Path, evaluation: dict, calibrated: CostModel) -> dict:

@@ -1,4 +1,4 @@
-"""AJOSC's join-order selection, ported (docs/optimizer.md, "AJOSC side by side").
+"""AJOSC's join-order selection, ported (docs/optimizer.md, "AJOSC side by side"; docs/algorithms.md, Eq. 69-70).
 
 AJOSC (Xinyi Ye, Xiangyang Gou, Lei Zou, Wenjie Zhang: "AJOSC: Adaptive Join Order Selection for Continuous
 Queries", Proc. ACM Manag. Data 3(3), SIGMOD 2025, https://doi.org/10.1145/3725263; code: the GitHub
@@ -44,7 +44,7 @@ ABS_CHANGE = 0.4
 RATIO_CHANGE = 1.5
 
 
-def test_changed(new: float, old: float) -> bool:
+def changed(new: float, old: float) -> bool:
     """AJOSC's ``TestChanged`` (CDG/MonitorStat.cpp)."""
     if abs(old - new) > ABS_CHANGE:
         if new == 0 or old == 0 or old / new > RATIO_CHANGE or new / old > RATIO_CHANGE:
@@ -165,7 +165,7 @@ class CDG:
         edges = set()
         for p in range(n):
             for u in range(n):
-                if self.adj[p, u] and test_changed(float(deg[p, u]), float(self.deg[p, u])):
+                if self.adj[p, u] and changed(float(deg[p, u]), float(self.deg[p, u])):
                     new_deg[p, u] = deg[p, u]
                     # related_cdg_edges: every edge (S, u) with p in S
                     for S in np.flatnonzero(self.has_edge[:, u] & ((np.arange(self.N) >> p & 1) == 1)):
@@ -174,7 +174,7 @@ class CDG:
         w_new = self._w(cv_new, inter)
         rows, cols = np.nonzero(self.has_edge)
         for S, u in zip(rows.tolist(), cols.tolist()):
-            if test_changed(float(w_new[S, u]), float(self.w[S, u])):
+            if changed(float(w_new[S, u]), float(self.w[S, u])):
                 edges.add((S, u))
         return edges, new_deg, cv_new, w_new
 

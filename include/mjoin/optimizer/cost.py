@@ -1,4 +1,4 @@
-"""The probe-order cost model (docs/algorithms.md, "Cost model", Eq. 1-8 and 20-23, 65-67).
+"""The probe-order cost model (docs/algorithms.md, "Cost model", Eq. 1-8, 20-23 and 65-66).
 
 Expected cost of the probe order ``o_1..o_{n-1}`` of one new tuple of stream ``s``, as the engine runs it
 (docs/engine.md, "How a batch runs"): the order is cut into *runs* of consecutive steps through one attribute

@@ -1,5 +1,5 @@
 """Exact probe-order optimisation by dynamic programming over subsets (ours; same optimum as dpPick,
-docs/algorithms.md, "Probe-order optimizers", Eq. 67-70).
+docs/algorithms.md, "Probe-order optimizers", Eq. 30-32, 65, 67-68).
 
 Under the model of ``mjoin.optimizer.cost`` (Eq. 65) the cost of the rest of a probe order depends on the set
 ``S`` of streams already joined, on the class of its first step and, when that step continues the class of
@@ -17,12 +17,14 @@ followed by a tail gives the line
     last step (S + r = V):                       ( q_r + g alpha_m u,         0 )
 
 where ``F(c, S) = min over L(c, S) of A + B`` (a tail entered fresh, ``m = 1``) and ``F_other(c, S)`` the lowest
-``F`` of the other classes. ``L(c, S)`` keeps the lines on the Pareto front of ``(A, B)`` (a line that another
-one beats in both never is the minimum for any ``m >= 0``); the cost of stream ``s`` is ``min_c F(c, {s})``.
-It runs one popcount layer at a time with numpy (all subsets of a layer at once, no Python object per state):
-per class a table of up to ``W`` lines per subset, the front of each subset taken in ``W`` vectorised passes;
-a front wider than ``W`` anywhere doubles ``W`` and runs again (so the result is exact whatever the width).
-With one class every ``B`` is 0 and the DP is the classic subset DP for Eq. 8 (one line per subset).
+``F`` of the other classes; the cost of stream ``s`` is ``min_c F(c, {s})``. ``L(c, S)`` is only ever evaluated at
+``m = 1`` and at the products of ``u phi`` over the class-``c`` runs that end with the step into ``S``: a forward
+pass over the subsets gives their range ``[lo, hi]`` (Eq. 67), and a line that another one beats at both ends of
+it is dropped (Eq. 31; affine lines: beaten at both ends is beaten in between), so the minimum over the kept lines
+is exact on the whole range. It runs one popcount layer at a time with numpy, every class of a layer at once (no
+Python object per state): the candidate lines of a layer in flat arrays, the lines kept for each ``(c, S)`` in a
+ragged store (on the optimizer benchmark's several-class graphs 1-2 lines per state on average, at most a few
+dozen). With one class every ``B`` is 0 and the DP is the classic subset DP for Eq. 8 (one line per subset).
 
 Ties: after a step forecast empty (``g = 0``), where every tail costs the same, the order whose tail costs
 least with ``gamma`` floored at ``mjoin.optimizer.cost.GAMMA_FLOOR`` (``gamma_floor``) wins, as in dppick
@@ -44,6 +46,8 @@ from mjoin.optimizer.cost import GAMMA_FLOOR, TIE_RTOL, CostModel, JoinProblem, 
 
 #: above this many streams the tables get large (n = 20, several classes: about 1 GB)
 MAX_STREAMS = 20
+#: subsets of a layer handled at once (their candidate lines' arrays stay within a few tens of MB)
+CHUNK = 8192
 
 
 class ExactTooLarge(ValueError):
@@ -91,20 +95,24 @@ class _Tables:
         self.rows = [np.array([r for r in range(n) if (problem.cls[:, r] == c).any()], dtype=np.int64)
                      for c in range(K)]
         self.row_of = [{int(r): i for i, r in enumerate(self.rows[c])} for c in range(K)]
-        self.terms = [class_tables(problem, c, self.rows[c]) for c in range(K)]
+        # every (class, member) as one row, grouped by class: one pass per layer covers all classes
+        self.row_offset = np.cumsum([0] + [r.size for r in self.rows])
+        total = int(self.row_offset[-1])
+        self.GA, self.UA = np.empty((total, 1 << n)), np.empty((total, 1 << n))
+        self.terms = []
+        for c in range(K):
+            lo, hi = self.row_offset[c], self.row_offset[c + 1]
+            self.GA[lo:hi], self.UA[lo:hi] = class_tables(problem, c, self.rows[c])
+            self.terms.append((self.GA[lo:hi], self.UA[lo:hi]))  # views
         # classes of r other than c, for the residual filters phi
         self.others = [[[cc for cc in range(K) if cc != c and int(r) in self.row_of[cc]] for r in self.rows[c]]
                        for c in range(K)]
         self.multi = sum(1 for r in self.rows if r.size) > 1  # one class: every B is 0
-        # phis[c][i, S]: the residual factor of looking rows[c][i] up through c from S (Eq. 22)
-        self.phis = [self.phi(c, slice(None)) for c in range(K)] if self.multi else None
-        # every (class, member) as one row, grouped by class: one pass per layer covers all classes
+        # PA[row, S]: the residual factor of looking the row's member up through its class from S (Eq. 22)
+        self.PA = np.vstack([self.phi(c, slice(None)) for c in range(K)]) if self.multi else None
+        self.phis = [self.PA[self.row_offset[c]:self.row_offset[c + 1]] for c in range(K)] if self.multi else None
         self.row_class = np.concatenate([np.full(r.size, c, dtype=np.int64) for c, r in enumerate(self.rows)])
         self.row_stream = np.concatenate(self.rows)
-        self.row_offset = np.cumsum([0] + [r.size for r in self.rows])
-        self.GA = np.vstack([t[0] for t in self.terms])
-        self.UA = np.vstack([t[1] for t in self.terms])
-        self.PA = np.vstack(self.phis) if self.multi else None
         self.full = (1 << n) - 1
         # stream_rows[r]: (class, row) of every class r can be looked up through, by class
         self.stream_rows = [[(int(c), int(i)) for i, (c, rr) in enumerate(zip(self.row_class, self.row_stream))
@@ -121,7 +129,7 @@ class _Tables:
         return out
 
     def ranges(self) -> None:
-        """``lo[c, S], hi[c, S]``: the range of ``m`` (Eq. 69) at which ``L(c, S)`` is ever evaluated: the products
+        """``lo[c, S], hi[c, S]``: the range of ``m`` (Eq. 67) at which ``L(c, S)`` is ever evaluated: the products
         of ``u phi`` over the class-``c`` runs whose last step enters ``S``, and 1 (a tail entered fresh)."""
         n, K = self.n, self.K
         N = 1 << n
@@ -132,8 +140,8 @@ class _Tables:
         pop = np.bitwise_count(np.arange(N, dtype=np.int64))
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
-        for p in range(2, n):
-            S2 = by_layer[bounds[p]:bounds[p + 1]]  # the subsets entered, p members
+        for p, i in ((p, i) for p in range(2, n) for i in range(bounds[p], bounds[p + 1], CHUNK)):
+            S2 = by_layer[i:min(i + CHUNK, bounds[p + 1])]  # subsets entered, p members (a chunk of them)
             for c in range(K):
                 R = self.rows[c]
                 if R.size == 0:
@@ -149,7 +157,7 @@ class _Tables:
                     hi[c, S2] = np.maximum(np.where(ok, uphi * hi[c, S], -np.inf).max(axis=0), 1.0)
 
     def run(self) -> None:
-        """Fill the lines of every (class, subset) and ``F`` (Eq. 67-69), one popcount layer at a time."""
+        """Fill the lines of every (class, subset) and ``F`` (Eq. 30-32, 67), one popcount layer at a time."""
         n, K = self.n, self.K
         N = 1 << n
         self.starts = np.zeros((K, N), dtype=np.int64)  # where (c, S)'s lines begin in the store
@@ -166,7 +174,8 @@ class _Tables:
         with np.errstate(invalid="ignore", over="ignore"):
             for p in range(n - 1, 0, -1):
                 S = by_layer[bounds[p]:bounds[p + 1]]  # (m,) subsets with p members
-                self._layer(S, p == n - 1)
+                for i in range(0, S.size, CHUNK):  # the subsets of a layer are independent: bounded memory
+                    self._layer(S[i:i + CHUNK], p == n - 1)
                 FS = F[:, S]
                 cols = np.arange(S.size)
                 a1 = np.argmin(FS, axis=0)
@@ -177,8 +186,8 @@ class _Tables:
 
     def _layer(self, S: np.ndarray, last: bool) -> None:
         """The lines of ``(c, S)`` for every class ``c`` and the subsets ``S`` of one layer: every step into a
-        class-``c`` member followed by a line of the member's subset (Eq. 67) or a class change (Eq. 68), then the
-        lines that no other beats at both ends of the range of ``m`` (Eq. 69). A segment is one ``(c, S)``:
+        class-``c`` member followed by a line of the member's subset (Eq. 30), then the
+        lines that no other beats at both ends of the range of ``m`` (Eq. 67). A segment is one ``(c, S)``:
         ``seg = c m + s`` for the ``s``-th subset; every segment's candidates are contiguous."""
         K, m = self.K, S.size
         g2 = self.GA[:, S]  # (rows, m)
