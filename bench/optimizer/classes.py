@@ -1,7 +1,7 @@
 """The class-change price, side by side: the model against the engine, the exact DP's time, the plans' work, AJOSC.
 
     .venv/bin/python bench/optimizer/classes.py --work /tmp/oc-eval/work \\
-        --evaluation bench/evaluation/results/evaluation_quick_classes.json      # everything, one run
+        --evaluation bench/evaluation/results/evaluation_quick_classes*.json     # everything, one run
     .venv/bin/python bench/optimizer/classes.py --parts timing --ns 8 12          # a part of it
 
 Writes ``bench/optimizer/results/classes.json`` (machine, load before and after each part, versions, date, commit,
@@ -442,15 +442,26 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="+", default=["model", "timing", "evaluation", "ajosc"],
                     choices=["model", "timing", "evaluation", "ajosc"])
     ap.add_argument("--work", help="a kept run_evaluation.py work folder (model, ajosc)")
-    ap.add_argument("--evaluation", help="run_evaluation.py's results JSON of the same run")
+    ap.add_argument("--evaluation", nargs="+", default=[],
+                    help="run_evaluation.py's results JSON(s) of the work folder (paper and drift parts are merged)")
     ap.add_argument("--ns", nargs="+", type=int, default=[8, 12, 16, 20])
     ap.add_argument("--graphs", type=int, default=10, help="graphs per n (n = 20: 3)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "classes.json"))
     args = ap.parse_args(argv)
-    evaluation = json.loads(Path(args.evaluation).read_text()) if args.evaluation else {}
-    calibrated = (CostModel.from_json(next(iter(evaluation["drift"]["presets"].values()))["loop"]["settings"]
-                                      ["cost_model"]) if evaluation.get("drift") else CostModel())
+    evaluation, sources = {"paper": {}, "drift": {"presets": {}}}, []
+    for path in args.evaluation:
+        ev = json.loads(Path(path).read_text())
+        evaluation["paper"].update(ev.get("paper", {}))
+        evaluation["drift"]["presets"].update(ev.get("drift", {}).get("presets", {}))
+        sources.append({"file": Path(path).name, "git_commit": ev.get("git_commit"), "command": ev.get("command"),
+                        "date": ev.get("date"), "load_average_after": ev.get("load_average_after"),
+                        "seconds_total": ev.get("seconds_total")})
+    if not evaluation["drift"]["presets"]:
+        evaluation.pop("drift")
+    loops = [d["loop"]["settings"]["cost_model"] for d in [*evaluation["paper"].values(),
+                                                           *evaluation.get("drift", {}).get("presets", {}).values()]]
+    calibrated = CostModel.from_json(loops[0]) if loops else CostModel()
     started = datetime.now(timezone.utc)
     out_path = Path(args.out)
     doc = {"benchmark": "optimizer_classes", "date": started.isoformat(timespec="seconds"), "machine": machine(),
@@ -465,15 +476,14 @@ def main(argv=None) -> int:
                 doc["load_average"][part] = old.get("load_average", {}).get(part)
     for part in args.parts:
         before = list(os.getloadavg())
-        if part == "model" and args.work and evaluation:
+        if part == "model" and args.work and args.evaluation:
             doc["model"] = model_part(Path(args.work), evaluation, calibrated)
         elif part == "timing":
             doc["timing"] = timing_part(args.ns, {n: (3 if n >= 20 else args.graphs) for n in args.ns}, args.repeats)
-        elif part == "evaluation" and evaluation:
+        elif part == "evaluation" and evaluation.get("drift"):
             doc["evaluation"] = evaluation_part(evaluation)
-            doc["evaluation_source"] = {"file": Path(args.evaluation).name, "git_commit": evaluation.get("git_commit"),
-                                        "command": evaluation.get("command"), "date": evaluation.get("date")}
-        elif part == "ajosc" and args.work and evaluation:
+            doc["evaluation_sources"] = sources
+        elif part == "ajosc" and args.work and evaluation.get("drift"):
             doc["ajosc"] = ajosc_part(Path(args.work), evaluation, calibrated)
         doc["load_average"][part] = {"before": before, "after": list(os.getloadavg())}
     doc["wall_seconds"] = (datetime.now(timezone.utc) - started).total_seconds()
