@@ -19,8 +19,9 @@ parameters, every measurement) and ``classes.png``. Parts (``--parts``, all by d
 - ``timing`` (offline): the optimizers' time on the optimizer benchmark's several-class random graphs
   (``bench_optimizer.py``'s ``random`` shape: a random spanning tree plus edges with probability 0.4, three
   predicate labels, random statistics; seed 0, graphs 0.. of each n): ``exact`` (search and the whole
-  ``optimize()``), AJOSC's ``DecideOrder`` (``mjoin.optimizer.ajosc``), greedy, and dppick where it runs (n = 8,
-  with its gap to exact); wall and CPU time, the minimum over repeats per graph, percentiles over graphs.
+  ``optimize()``), AJOSC's ``DecideOrder`` (``mjoin.optimizer.ajosc``, n <= 16), greedy, and dppick on the first
+  two graphs of n = 8 (its gap to exact); wall and CPU time, the minimum over repeats per graph (n = 20: one run),
+  percentiles over graphs.
 - ``evaluation`` (from ``run_evaluation.py``'s JSON): per drift preset and strategy the composed probe work and
   task CPU (spec order, gated), the goals of the class-change price (dppick's probe work at most greedy's and within
   2% of the oracle's; on ``twoclass-burst`` task CPU at least 20% below fixed and selectivity_first).
@@ -227,7 +228,7 @@ def _pct(values) -> dict:
             "graphs": int(v.size)}
 
 
-def timing_part(ns, graphs: dict, repeats: int) -> dict:
+def timing_part(ns, graphs: dict, repeats: int, dppick_graphs: int = 2) -> dict:
     model = CostModel()
     rows = []
     for n in ns:
@@ -250,7 +251,7 @@ def timing_part(ns, graphs: dict, repeats: int) -> dict:
                 cdg = CDG(problem)
                 w, c, _ = _times(lambda: cdg.decide(deg, inter), rep)
                 row["ajosc_decide"] = {"wall": w, "cpu": c}
-            if n <= 8:
+            if n <= 8 and gi < dppick_graphs:  # O(n!): a minute or two per graph here
                 w, c, dp = _times(lambda: dp_pick(problem, model), 1)
                 row["dppick"] = {"wall": w, "cpu": c, "max_rel_gap_vs_exact": max(
                     abs(dp[s][1] - best[s][1]) / max(1.0, abs(best[s][1])) for s in dp)}
@@ -261,9 +262,9 @@ def timing_part(ns, graphs: dict, repeats: int) -> dict:
     summary = {}
     for n in ns:
         sel = [r for r in rows if r["n"] == n]
-        summary[str(n)] = {k: {t: _pct([r[k][t] for r in sel]) for t in ("wall", "cpu")}
+        summary[str(n)] = {k: {t: _pct([r[k][t] for r in sel if k in r]) for t in ("wall", "cpu")}
                            for k in ("exact_search", "exact_optimize", "greedy", "ajosc_decide", "dppick")
-                           if all(k in r for r in sel)}
+                           if any(k in r for r in sel)}
         if n in GOALS:
             summary[str(n)]["goal_seconds"] = GOALS[n]
             summary[str(n)]["goal_met_wall"] = summary[str(n)]["exact_optimize"]["wall"]["max"] < GOALS[n]
@@ -278,11 +279,26 @@ def timing_part(ns, graphs: dict, repeats: int) -> dict:
 
 def evaluation_part(evaluation: dict) -> dict:
     out = {}
+    for label, doc in evaluation.get("paper", {}).items():  # the TPC-DS queries: means over the initial orders
+        tab = doc.get("strategies", {})
+        work = {s: v["gated"]["work_mean"] for s, v in tab.items() if "gated" in v}
+        cpu = {s: v["gated"]["cpu_mean"] for s, v in tab.items() if "gated" in v}
+        if not work:
+            continue
+        out[label] = {"probe_work": work, "task_cpu": cpu, "over": "mean over the initial orders, gated",
+                      "dppick_work_vs_greedy": work["dppick"] / work["greedy"] - 1,
+                      "dppick_work_vs_oracle": work["dppick"] / work["oracle"] - 1,
+                      "results_agree": doc["engine"].get("results_agree"),
+                      "switching_run_equal": {k: doc.get("switching_run", {}).get(k)
+                                              for k in ("work_equal", "results_equal")}}
+        print(f"evaluation {label:15s} dppick work vs greedy {out[label]['dppick_work_vs_greedy']:+.3f}, vs oracle "
+              f"{out[label]['dppick_work_vs_oracle']:+.3f}", flush=True)
     for preset, doc in evaluation.get("drift", {}).get("presets", {}).items():
         tot = doc["drift"]["totals_spec_order"]
         work = {s: tot[s]["work"] for s in tot}
         cpu = {s: tot[s]["cpu"] for s in tot}
-        row = {"probe_work": work, "task_cpu": cpu, "fixed_mean_over_orders": doc["drift"]["fixed_mean_over_orders"],
+        row = {"probe_work": work, "task_cpu": cpu, "over": "spec order, gated",
+               "fixed_mean_over_orders": doc["drift"]["fixed_mean_over_orders"],
                "dppick_work_vs_greedy": work["dppick"] / work["greedy"] - 1 if work["greedy"] else None,
                "dppick_work_vs_oracle": work["dppick"] / work["oracle"] - 1 if work["oracle"] else None,
                "dppick_cpu_below_fixed": 1 - cpu["dppick"] / cpu["fixed"] if cpu["fixed"] else None,
@@ -319,8 +335,10 @@ def _moved(prev: JoinProblem, new: JoinProblem) -> bool:
 
 def ajosc_part(work: Path, evaluation: dict, calibrated: CostModel) -> dict:
     out = {}
-    for preset, doc in evaluation.get("drift", {}).get("presets", {}).items():
-        label = f"drift-{preset}"
+    docs = {**evaluation.get("paper", {}), **{f"drift-{p}": d for p, d in evaluation.get("drift", {})
+                                               .get("presets", {}).items()}}
+    for label, doc in docs.items():
+        preset = label
         folder = work / label / "history"
         if not folder.exists():
             continue
@@ -398,14 +416,17 @@ def plot(doc: dict, path: Path) -> None:
         for key, color in (("exact_search", "C0"), ("exact_optimize", "C4"), ("ajosc_decide", "C1"), ("greedy", "C2")):
             xs = [n for n in ns if key in t[str(n)]]
             if xs:
-                ax.plot(xs, [t[str(n)][key]["wall"]["max"] for n in xs], "-o", color=color, ms=3, label=f"{key} (max)")
-                ax.plot(xs, [t[str(n)][key]["wall"]["p50"] for n in xs], ":", color=color, lw=1, label=f"{key} (p50)")
+                ax.plot(xs, [t[str(n)][key]["cpu"]["max"] for n in xs], "-o", color=color, ms=3, label=f"{key} CPU, worst")
+                ax.plot(xs, [t[str(n)][key]["cpu"]["p50"] for n in xs], "--", color=color, lw=1, label=f"{key} CPU, p50")
+                ax.plot(xs, [t[str(n)][key]["wall"]["max"] for n in xs], ":", color=color, lw=1, label=f"{key} wall, worst")
         for n, g in GOALS.items():
             ax.plot([n], [g], "k*", ms=12)
+        load = doc.get("load_average", {}).get("timing") or {}
         ax.set_yscale("log")
         ax.set_xlabel("streams n (several-class random graphs)")
-        ax.set_ylabel("seconds (wall)")
-        ax.set_title("optimizer time; stars: goals", fontsize=9)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"optimizer time (stars: goals); load {load.get('before', ['?'])[0]} -> "
+                     f"{load.get('after', ['?'])[0]} on 2 cores", fontsize=9)
         ax.legend(fontsize=6)
     ax = axes[0, 1]
     m = doc.get("model", {})
@@ -420,17 +441,17 @@ def plot(doc: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     e = doc.get("evaluation", {})
     if e:
-        presets = list(e)
+        presets = [p for p in e if "ref" not in p and "fixed" in e[p]["task_cpu"] and "ajosc" in e[p]["task_cpu"]] or list(e)
         strategies = ("fixed", "selectivity_first", "greedy", "dppick", "ajosc", "oracle")
         for ax, key, ref, title in ((axes[1, 0], "probe_work", "oracle", "probe work / the oracle's"),
                                     (axes[1, 1], "task_cpu", "fixed", "task CPU / fixed's")):
             x = np.arange(len(presets))
             for i, s in enumerate(strategies):
-                ys = [e[p][key].get(s, np.nan) / e[p][key][ref] for p in presets]
+                ys = [e[p][key].get(s, np.nan) / e[p][key].get(ref, np.nan) for p in presets]
                 ax.bar(x + (i - 2.5) * 0.13, ys, 0.13, label=s)
             ax.axhline(1.0, color="k", lw=0.6)
             ax.set_xticks(x, presets, rotation=60, fontsize=7)
-            ax.set_title(title + " (drift presets, spec order, gated)", fontsize=9)
+            ax.set_title(title + " (per workload, gated)", fontsize=9)
             ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -480,10 +501,10 @@ def main(argv=None) -> int:
             doc["model"] = model_part(Path(args.work), evaluation, calibrated)
         elif part == "timing":
             doc["timing"] = timing_part(args.ns, {n: (3 if n >= 20 else args.graphs) for n in args.ns}, args.repeats)
-        elif part == "evaluation" and evaluation.get("drift"):
+        elif part == "evaluation" and (evaluation.get("drift") or evaluation["paper"]):
             doc["evaluation"] = evaluation_part(evaluation)
             doc["evaluation_sources"] = sources
-        elif part == "ajosc" and args.work and evaluation.get("drift"):
+        elif part == "ajosc" and args.work and args.evaluation:
             doc["ajosc"] = ajosc_part(Path(args.work), evaluation, calibrated)
         doc["load_average"][part] = {"before": before, "after": list(os.getloadavg())}
     doc["wall_seconds"] = (datetime.now(timezone.utc) - started).total_seconds()

@@ -50,8 +50,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              "greedy_MSJ"),
     Strategy("dppick", "dppick", "the paper's DFS over all connected sequences with a suffix-cost memo (O(n!))",
              "dpPick"),
-    Strategy("exact", "exact", "dynamic program over subsets x attribute class: the same optimum as dppick, O(2^n n^2)",
-             "(ours)"),
+    Strategy("exact", "exact", "dynamic program over subsets x attribute class, lines A + m B of the class-change "
+             "price: the same optimum as dppick", "(ours)"),
     Strategy("dppick_query", "dppick", "dppick searching with the query cost only (alpha_m = 0)",
              "dpPick_queryCost", ablation="query"),
     Strategy("dppick_match", "dppick", "dppick searching with the match cost only (alpha_q = 0)",
