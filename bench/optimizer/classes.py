@@ -501,6 +501,16 @@ def main(argv=None) -> int:
             doc["model"] = model_part(Path(args.work), evaluation, calibrated)
         elif part == "timing":
             doc["timing"] = timing_part(args.ns, {n: (3 if n >= 20 else args.graphs) for n in args.ns}, args.repeats)
+            if out_path.exists():  # sizes not re-run keep their rows (and the load they were measured under)
+                old = json.loads(out_path.read_text()).get("timing", {})
+                kept = [r for r in old.get("rows", []) if r["n"] not in args.ns]
+                for n in sorted({r["n"] for r in kept}):
+                    doc["timing"]["summary"][str(n)] = old["summary"][str(n)]
+                doc["timing"]["rows"] = kept + doc["timing"]["rows"]
+                doc["timing"]["summary"] = dict(sorted(doc["timing"]["summary"].items(), key=lambda kv: int(kv[0])))
+                if kept:
+                    doc["load_average"]["timing_kept_sizes"] = old.get("load_average_timing") or \
+                        json.loads(out_path.read_text()).get("load_average", {}).get("timing")
         elif part == "evaluation" and (evaluation.get("drift") or evaluation["paper"]):
             doc["evaluation"] = evaluation_part(evaluation)
             doc["evaluation_sources"] = sources

@@ -24,7 +24,8 @@ materialises. With one class this is exactly the paper's Eq. 8.
   class-``c`` edges from ``S`` to ``r`` fetch exactly the same tuples. The estimate uses the edge with the
   *highest* ``gamma`` (ties: lowest ``mu``): a key that every class-``c`` member of ``S`` holds is at least as
   likely to be found in ``r`` as the best of their own keys when key presence is positively correlated across
-  streams (hot keys, shared filters), which is what the engine measured (docs/optimizer.md, "The class-change price": Spearman with the measured work per batch).
+  streams (hot keys, shared filters); against the engine's work per batch it ranked the orders of the two-class
+  drift preset better than the lowest gamma did (docs/optimizer.md, "The class-change price").
 - ``phi_k``: residual filters. Edges from ``S`` to ``r`` in *other* classes are checked when the run is
   materialised; assuming independence between classes, each other class multiplies the partial results that
   survive by its representative edge's ``gamma`` (the same rule). They filter no lookup inside the run (the
