@@ -7,7 +7,7 @@ Runs ``exact_dp`` once per graph (``random`` shape, n = 12 and 16, 3 graphs each
 ``<base>/include``), so both trees' ``mjoin`` are timed on the same graphs in one run, wall and CPU time. Written
 for the first class-change prototype (``rho`` as the product of the run's ``u``, exact as a Pareto DP over lines in
 Python: ``results/exact-ab-h38.json``); ``results/exact-ab-classes.json`` times the merged DP over lines
-(docs/optimizer.md, "Exact DP") against the DP before the class-change price.
+(docs/optimizer.md, "Strategies") against the DP before the class-change price.
 """
 from __future__ import annotations
 
