@@ -102,28 +102,29 @@ def test_k3_one_class_is_the_papers_eq_8():
                        ("b", "c"): (0.1, 3), ("c", "a"): (1.0, 1), ("c", "b"): (0.5, 2)},
                    lam={"a": 10, "b": 20, "c": 5})
     # from a, probing b then c. Step 2 looks c up from {a, b}: both edges fetch the same key;
-    # the estimate uses the lower gamma, b->c (0.1, mu 3):
-    #   C2 = q_c + 0.1 * (2 * 3)             = 2.5 + 0.6  = 3.1
-    #   C1 = q_b + 0.5 * (2 * 2 + C2)        = 2 + 0.5 * 7.1 = 5.55
-    assert cost(q, st, "a", [("a", "b"), ("a", "c")]) == pytest.approx(5.55)
-    assert cost(q, st, "a", [("a", "b"), ("b", "c")]) == pytest.approx(5.55)  # same lookup, same cost
+    # the estimate uses the higher gamma, a->c (0.25, mu 4):
+    #   C2 = q_c + 0.25 * (2 * 4)            = 2.5 + 2  = 4.5
+    #   C1 = q_b + 0.5 * (2 * 2 + C2)        = 2 + 0.5 * 8.5 = 6.25
+    assert cost(q, st, "a", [("a", "b"), ("a", "c")]) == pytest.approx(6.25)
+    assert cost(q, st, "a", [("a", "b"), ("b", "c")]) == pytest.approx(6.25)  # same lookup, same cost
     # from a, probing c then b: step 2 from {a, c}: a->b and c->b are both (0.5, 2):
     #   C2 = 2 + 0.5 * 4 = 4;   C1 = q_c + 0.25 * (2 * 4 + 4) = 2.5 + 3 = 5.5   (the cheaper one)
     assert cost(q, st, "a", [("a", "c"), ("a", "b")]) == pytest.approx(5.5)
-    # from b: [b,c],[b,a]: C2 = q_a + min(0.8, 1.0) * 2 * 1 = 3.1; C1 = 2.5 + 0.1 * (6 + 3.1) = 3.41
-    #         [b,a],[b,c]: C2 = 3.1;                               C1 = 1.5 + 0.8 * (2 + 3.1) = 5.58
-    assert cost(q, st, "b", [("b", "c"), ("b", "a")]) == pytest.approx(3.41)
-    assert cost(q, st, "b", [("b", "a"), ("b", "c")]) == pytest.approx(5.58)
-    # from c: [c,b],[c,a]: C2 = 3.1, C1 = 2 + 0.5 * (4 + 3.1) = 5.55; [c,a],[c,b]: C1 = 1.5 + 1 * (2 + 4) = 7.5
+    # from b: [b,c],[b,a]: C2 = q_a + max(0.8, 1.0) * 2 * 1 = 3.5; C1 = 2.5 + 0.1 * (6 + 3.5) = 3.45
+    #         [b,a],[b,c]: C2 = q_c + max(0.1, 0.25) * 2 * 4 = 4.5; C1 = 1.5 + 0.8 * (2 + 4.5) = 6.7
+    assert cost(q, st, "b", [("b", "c"), ("b", "a")]) == pytest.approx(3.45)
+    assert cost(q, st, "b", [("b", "a"), ("b", "c")]) == pytest.approx(6.7)
+    # from c: [c,b],[c,a]: C2 = 3.5, C1 = 2 + 0.5 * (4 + 3.5) = 5.75; [c,a],[c,b]: C1 = 1.5 + 1 * (2 + 4) = 7.5
     assert cost(q, st, "c", [("c", "a"), ("c", "b")]) == pytest.approx(7.5)
+    assert cost(q, st, "c", [("c", "b"), ("c", "a")]) == pytest.approx(5.75)
     for strategy in ("exact", "dppick"):
         plan = optimize(q, st, strategy, cost_model=MODEL)
-        assert plan.costs[0] == pytest.approx({"a": 5.5, "b": 3.41, "c": 5.55})
+        assert plan.costs[0] == pytest.approx({"a": 5.5, "b": 3.45, "c": 5.75})
         assert plan.probe_sequence("a") == ["c", "b"] and plan.probe_sequence("b") == ["c", "a"]
         assert plan.probe_sequence("c") == ["b", "a"]
-        # estimated cost = sum lambda_s C_s = 10 * 5.5 + 20 * 3.41 + 5 * 5.55
-        assert plan.estimated_cost == pytest.approx(150.95)
-        assert plan.group_costs == {0: pytest.approx(150.95)}
+        # estimated cost = sum lambda_s C_s = 10 * 5.5 + 20 * 3.45 + 5 * 5.75
+        assert plan.estimated_cost == pytest.approx(152.75)
+        assert plan.group_costs == {0: pytest.approx(152.75)}
 
 
 def test_two_class_chain_uses_rho_mu():
@@ -166,28 +167,49 @@ def test_cycle_across_classes_applies_residual_filters():
         assert plan.cost("a") <= 8.9 + 1e-12
 
 
-def test_residual_class_with_two_edges_uses_its_lowest_gamma():
+def test_residual_class_with_two_edges_uses_its_highest_gamma():
     # a.x = b.x = r.x (class X: a, b, r), b.v = c.v (V), c.y = r.y (Y), r.z = d.z (Z).
     # From a: [a,b] (X), [b,c] (V), then r from {a, b, c}: through Y (c->r) with the X edges
-    # a->r, b->r as ONE residual filter (same key): its lowest gamma, 0.2.
+    # a->r, b->r as ONE residual filter (same key): its representative edge, the higher gamma 0.8.
+    # Every step here changes class, so each step's run is itself: R = u phi (Eq. 65).
     q = spec(["a.x = b.x", "b.x = r.x", "b.v = c.v", "c.y = r.y", "r.z = d.z"],
              {"a": ["x"], "b": ["x", "v"], "c": ["v", "y"], "r": ["x", "y", "z"], "d": ["z"]})
     st = stats_for(q, {("a", "b"): (0.5, 2), ("b", "c"): (0.5, 2), ("c", "r"): (0.5, 2), ("a", "r"): (0.2, 3),
                        ("b", "r"): (0.8, 1), ("r", "d"): (0.5, 4)})
     # C4 = q_d + 0.5 * (2 * 4) = 5
-    # C3 [c,r]: Y, next Z -> rho = mu[c][r] = 2, phi = min(0.2, 0.8):  3 + 0.5 * (2 * 2 + 0.2 * 2 * 5) = 6
-    # C2 [b,c]: V, next Y -> rho = 2:  2.5 + 0.5 * (2 * 2 + 2 * 6) = 10.5
-    # C1 [a,b]: X, next V -> rho = 2:  2 + 0.5 * (4 + 2 * 10.5) = 14.5
-    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("c", "r"), ("r", "d")]) == pytest.approx(14.5)
-    # through X instead: the lower-gamma X edge a->r (0.2, mu 3), residual Y (c->r, 0.5):
-    # C3 = 3 + 0.2 * (2 * 3 + 0.5 * 3 * 5) = 5.7; C2 = 2.5 + 0.5 * (4 + 2 * 5.7) = 10.2; C1 = 2 + 0.5 * (4 + 2 * 10.2) = 14.2
-    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("a", "r"), ("r", "d")]) == pytest.approx(14.2)
-    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("b", "r"), ("r", "d")]) == pytest.approx(14.2)
+    # C3 [c,r]: Y, next Z -> R = mu[c][r] phi = 2 * 0.8:  3 + 0.5 * (2 * 2 + 1.6 * 5) = 9
+    # C2 [b,c]: V, next Y -> R = 2:  2.5 + 0.5 * (2 * 2 + 2 * 9) = 13.5
+    # C1 [a,b]: X, next V -> R = 2:  2 + 0.5 * (4 + 2 * 13.5) = 17.5
+    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("c", "r"), ("r", "d")]) == pytest.approx(17.5)
+    # through X instead: the higher-gamma X edge b->r (0.8, mu 1), residual Y (c->r, 0.5):
+    # C3 = 3 + 0.8 * (2 * 1 + 1 * 0.5 * 5) = 6.6; C2 = 2.5 + 0.5 * (4 + 2 * 6.6) = 11.1; C1 = 2 + 0.5 * (4 + 2 * 11.1) = 15.1
+    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("a", "r"), ("r", "d")]) == pytest.approx(15.1)
+    assert cost(q, st, "a", [("a", "b"), ("b", "c"), ("b", "r"), ("r", "d")]) == pytest.approx(15.1)
     exact, dppick = (optimize(q, st, s, cost_model=MODEL) for s in ("exact", "dppick"))
     problem = JoinProblem.from_statistics(q, st)
     every = min(order_cost(problem, MODEL, 0, seq) for seq in get_sequences(problem, 0, dedupe=False))
     assert exact.cost("a") == pytest.approx(every) and dppick.cost("a") == pytest.approx(every)
-    assert every <= 14.2 + 1e-12
+    assert every <= 15.1 + 1e-12
+
+
+def test_a_class_change_prices_the_whole_run():
+    # a.x = b.x = c.x (class X), c.y = d.y (Y). From a: [a,b], [a,c] run in X (factorised: one lookup per
+    # surviving tuple of a), then the class change materialises every partial result of the run, u_b u_c per
+    # surviving group, and each looks d up (Eq. 65):
+    #   per new a: lookup b (q 2) + 0.5 * 2 matches (x alpha_m 2 = 2); 0.5 survive: lookup c (0.5 * 2.5) +
+    #   0.5 * 0.5 * 3 matches (x 2 = 1.5); 0.25 survive with 2 * 3 = 6 partials each: 1.5 lookups of d, each
+    #   q_d + 0.5 * 2 * 4 = 5  ->  2 + 2 + 1.25 + 1.5 + 7.5 = 14.25
+    # step 2 looks c up from {a, b}: a->c (0.5, 3) has the higher gamma.
+    q = spec(["a.x = b.x", "b.x = c.x", "c.y = d.y"], {"a": ["x"], "b": ["x"], "c": ["x", "y"], "d": ["y"]})
+    st = stats_for(q, {("a", "b"): (0.5, 2), ("a", "c"): (0.5, 3), ("b", "c"): (0.4, 2), ("c", "d"): (0.5, 4)})
+    assert cost(q, st, "a", [("a", "b"), ("a", "c"), ("c", "d")]) == pytest.approx(14.25)
+    # the last step's mu alone (the model before the class-change price) would give 10.5:
+    # C2 = 2.5 + 0.5 * (6 + 3 * 5) = 13, C1 = 2 + 0.5 * (4 + 13) = 10.5
+    problem = JoinProblem.from_statistics(q, st)
+    every = {s: min(order_cost(problem, MODEL, problem.index[s], seq)
+                    for seq in get_sequences(problem, problem.index[s], dedupe=False)) for s in q.stream_names}
+    for strategy in ("exact", "dppick"):
+        assert optimize(q, st, strategy, cost_model=MODEL).costs[0] == pytest.approx(every)
 
 
 def test_plan_cost_is_sum_of_lambda_times_c(seed_query):

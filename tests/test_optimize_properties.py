@@ -5,11 +5,14 @@ minimum under the model, no baseline beats them, and every order is valid.
 
 The brute force here is written independently of ``mjoin.optimizer.cost``: it enumerates every
 connected expansion edge by edge (the paper's getSequences without any deduplication)
-and costs it with the forward (unrolled) form of the recursion,
+and costs it with the forward (unrolled) form of the recursion (docs/algorithms.md, Eq. 65-66),
 
-    C = sum_k  W_k (q_k + g_k alpha_m u_k),   W_1 = 1,   W_{k+1} = W_k g_k phi_k rho_k,
+    C = sum_k  W_k (q_k + g_k alpha_m u_k),   W_1 = 1,
+    W_{k+1} = W_k g_k          if step k+1 keeps step k's class,
+    W_{k+1} = W_k g_k R_k      else,  R_k = product of u phi over the run of same-class steps ending at k,
 
-straight from the query object and the statistics accessors."""
+straight from the query object and the statistics accessors: what the engine does per new tuple (one lookup
+per surviving group inside a run, every partial result of the run materialised at a class change)."""
 import math
 
 import pytest
@@ -35,9 +38,9 @@ def step_terms(query, stats, joined, l, r):
     for m in joined:
         if query.has_edge(m, r):
             by_class.setdefault(query.edge(m, r).attr_class, []).append((stats.gamma(m, r), stats.mu(m, r)))
-    g, u = min(by_class[lookup])  # lowest gamma, then lowest mu, of the lookup's class
-    phi = math.prod(min(x for x, _ in v) for c, v in by_class.items() if c != lookup)
-    return lookup, g, u, phi
+    g, negu = max((x, -y) for x, y in by_class[lookup])  # highest gamma, then lowest mu, of the lookup's class
+    phi = math.prod(max(x for x, _ in v) for c, v in by_class.items() if c != lookup)
+    return lookup, g, -negu, phi
 
 
 def sequence_cost(query, stats, model, start, pairs):
@@ -45,12 +48,16 @@ def sequence_cost(query, stats, model, start, pairs):
     for l, r in pairs:
         steps.append(step_terms(query, stats, joined, l, r) + (model.alpha_q * model.f(stats.kappa(r)),))
         joined.append(r)
-    total, weight = 0.0, 1.0
+    total, weight, run = 0.0, 1.0, 1.0
     for k, (cls, g, u, phi, q) in enumerate(steps):
         total += weight * (q + g * model.alpha_m * u)
+        run *= u * phi
         if k + 1 < len(steps):
-            rho = 1.0 if steps[k + 1][0] == cls else u
-            weight *= g * phi * rho
+            if steps[k + 1][0] == cls:
+                weight *= g
+            else:
+                weight *= g * run
+                run = 1.0
     return total
 
 

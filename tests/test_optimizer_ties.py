@@ -84,7 +84,7 @@ def test_after_an_empty_step_both_take_the_cheaper_tail(model):
 
 
 def test_the_tie_inside_the_tail_as_well():
-    """s1's own lookups forecast unmatched too (gamma(s1 -> .) = 0: the lowest gamma from {s2, s1}), and s3 with
+    """s1's own lookups forecast unmatched too (gamma(s1 -> .) = 0), and s3 with
     as many keys as s0: then the tail from {s2, s1} ties as well, and before the floor *both* optimizers took
     the lowest index, s0, first. With the floor the eps^2 term of the tail decides: s3 (one tuple) before s0 (60)."""
     q, stats = _query(), _stats(out_of_s1=0.0, kappa_s3=200.0)
@@ -93,11 +93,11 @@ def test_the_tie_inside_the_tail_as_well():
 
 
 def test_what_each_half_of_the_tie_break_does():
-    """``gamma_floor=0`` (no floor): dppick breaks the first tie as exact does (the DP's cheapest tail from
-    {s2, s1}), but where that tail ties too (s1's lookups unmatched, equal kappas) both take the lowest index,
-    the dense s0, first: only the floor's eps^2 term sees that s3 fetches one tuple and s0 sixty."""
+    """``gamma_floor=0`` (no floor): every order after the empty s1 costs the same, and both optimizers keep the
+    lexicographically first (``mjoin.optimizer.cost.tie_key``), the dense s0 first: only the floor's eps terms
+    see that s3 fetches one tuple and s0 sixty."""
     model = CostModel()
-    for stats, want in ((_stats(), ["s1", "s3", "s0"]), (_stats(out_of_s1=0.0, kappa_s3=200.0), ["s1", "s0", "s3"])):
+    for stats, want in ((_stats(), ["s1", "s0", "s3"]), (_stats(out_of_s1=0.0, kappa_s3=200.0), ["s1", "s0", "s3"])):
         problem = JoinProblem.from_statistics(_query(), stats)
         s2 = problem.index["s2"]
         dp, ex = dp_pick(problem, model, gamma_floor=0.0), exact_dp(problem, model, gamma_floor=0.0)

@@ -61,7 +61,7 @@ log = logging.getLogger("bench.evaluation")
 FLINK_PY = HERE / ".flink-venv" / "bin" / "python"
 PRIOR_MODEL = PROJECT / "bench" / "engine" / "results" / "orders_full.json"
 STRATEGIES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
-              "dppick_nosmooth", "oracle")
+              "dppick_nosmooth", "oracle", "ajosc")  # ajosc: the peer of mjoin.optimizer.ajosc, on the same forecasts
 BASELINES = ("fixed", "selectivity_first", "greedy", "dppick_query", "dppick_match", "dppick_nosmooth")
 SEED, TWO_CLASS = "tpcds_returns_by_address", "tpcds_returns_by_customer_and_address"
 DRIFT_PRESETS = ("stationary", "rate-swap", "match-drift", "skew-drift", "burst", "mixed", "hot-rotate", "hot-ramp",

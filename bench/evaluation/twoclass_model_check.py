@@ -5,16 +5,17 @@ statistics history and the engine metrics of the 6 covering fixed orders) and, p
 probe order, compares the model's cost on the batch's own measured statistics (what the oracle optimizes) with
 the engine's measured lookups + matches of that stream's chain. No Spark: numpy and the history's parquet.
 
-Versions of the model compared:
+Versions of the model compared (this check led to the class-change price of ``mjoin.optimizer.cost``;
+``bench/optimizer/classes.py`` now makes the same comparison on every workload of an evaluation run):
 
-- ``last_mu``: ``rho_k = u_k`` at a class change, the model as merged (``mjoin.optimizer.cost.order_cost``; the oracle's
-  picks, so its picked work is the run's oracle work, a check that the statistics are read as the loop read them);
+- ``last_mu``: ``rho_k = u_k`` at a class change with the lowest-gamma edge, the model before the class-change price
+  (:func:`cost_last_mu`; the run's oracle optimized it, so its picked work was the run's oracle work, a check that
+  the statistics are read as the loop read them);
 - ``run_product``: ``rho_k`` the product of ``u`` over the run of same-class steps before the class change, i.e.
-  every partial result the factorised run materialises (the fix prototyped on branch ``h38-twoclass-model``,
-  commit 9b5b1d3, not merged: its exact DP for several classes is far slower, bench/evaluation/README.md);
-- ``max_gamma`` (an experiment, not a model): ``run_product`` with the lookup's representative edge the class-``c``
-  edge with the *highest* gamma instead of the lowest (what the remaining misprice, s0 looked up from
-  ``{s2, s3}``, points at).
+  every partial result the factorised run materialises (the first prototype);
+- ``max_gamma``: ``run_product`` with the lookup's representative edge the class-``c`` edge with the *highest*
+  gamma instead of the lowest (what the remaining misprice, s0 looked up from ``{s2, s3}``, pointed at); with the
+  residual filters applied at the class change only, this is ``mjoin.optimizer.cost.order_cost`` now.
 
 For each, per (batch, stream): Spearman of the model's cost against the measured work over the stream's valid
 orders, and the measured work of the order the model picks (argmin of the calibrated model, as exact/the oracle),
@@ -48,9 +49,54 @@ from mjoin.stats.history import read_history, snapshot  # noqa: E402
 WORK = CostModel(alpha_q=1.0, alpha_m=1.0, c=1.0, state="hash", m_slots=None)
 
 
+def _lowest_gamma_terms(problem: JoinProblem, mask: int, r: int, c: int) -> tuple[float, float, float]:
+    best, phi = None, 1.0
+    for cc in range(problem.K):
+        ms = [m for m in problem.class_members[cc][r] if mask >> m & 1]
+        if not ms:
+            continue
+        if cc == c:
+            best = min((problem.gamma[m, r], problem.mu[m, r]) for m in ms)
+        else:
+            phi *= min(problem.gamma[m, r] for m in ms)
+    return float(best[0]), float(best[1]), float(phi)
+
+
+class LowestGamma(JoinProblem):
+    """The lookup's representative edge the lowest gamma (ties: lowest mu), as before the class-change price."""
+
+    def step_terms(self, joined_mask, r, c):
+        return _lowest_gamma_terms(self, joined_mask, r, c)
+
+
+def _lowest(problem: JoinProblem) -> JoinProblem:
+    return LowestGamma(problem.names, problem.classes, problem.cls, problem.gamma, problem.mu, problem.lam,
+                       problem.kappa, problem.window, problem.group)
+
+
+def cost_last_mu(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
+    """The model before the class-change price: ``C(o_k) = q + g (alpha_m u + phi rho C(o_{k+1}))``, ``rho = u_k``
+    at a class change, the lowest-gamma edge."""
+    problem = _lowest(problem)
+    mask, steps = 1 << start, []
+    for l, r in pairs:
+        c = int(problem.cls[l, r])
+        g, u, phi = problem.step_terms(mask, r, c)
+        steps.append((float(model.query_cost(problem.kappa[r])), g, u, phi, c))
+        mask |= 1 << r
+    cost, nxt = 0.0, None
+    for q, g, u, phi, c in reversed(steps):
+        cost = q + g * (model.alpha_m * u + phi * (1.0 if nxt is None or nxt == c else u) * cost)
+        nxt = c
+    return cost
+
+
 def cost_run_product(problem: JoinProblem, model: CostModel, start: int, pairs) -> float:
     """Eq. 8 with ``rho_k`` the product of ``u`` over the run of same-class steps ending at ``k`` (a class change
-    after ``k``), on the affine form ``C(o_k; m) = A_k + m B_k`` (``m``: partial results per key the run carries)."""
+    after ``k``), on the affine form ``C(o_k; m) = A_k + m B_k`` (``m``: partial results per key the run carries),
+    the lowest-gamma edge, the residual filters inside the run."""
+    if not isinstance(problem, LowestGamma) and type(problem) is JoinProblem:
+        problem = _lowest(problem)
     mask = 1 << start
     steps = []
     for l, r in pairs:
@@ -74,7 +120,7 @@ def cost_max_gamma(problem: JoinProblem, model: CostModel, start: int, pairs) ->
 
     class MaxGamma(JoinProblem):
         def step_terms(self, joined_mask, r, c):
-            g, u, phi = JoinProblem.step_terms(self, joined_mask, r, c)
+            _, _, phi = _lowest_gamma_terms(self, joined_mask, r, c)
             ms = [m for m in self.class_members[c][r] if joined_mask >> m & 1]
             best = max(ms, key=lambda m: (self.gamma[m, r], -self.mu[m, r]))
             return float(self.gamma[best, r]), float(self.mu[best, r]), phi
@@ -132,7 +178,8 @@ def main(argv=None) -> int:
                     "work": sum(int(st["lookups"]) + int(st["matches"]) for st in c["steps"]), "rows_in": int(c["rows_in"]),
                     "steps": [[st["right"], int(st["lookups"]), int(st["matches"])] for st in c["steps"]]}
     lo, hi = (int(x) for x in args.burst.split("-"))
-    models = {"last_mu": order_cost, "run_product": cost_run_product, "max_gamma": cost_max_gamma}
+    models = {"last_mu": cost_last_mu, "run_product": cost_run_product, "max_gamma": cost_max_gamma,
+              "model": order_cost}
     rows = []
     for b in range(1, int(run["batches"]) + 1):
         st = snapshot(hist, first + (b - 1) * tau)

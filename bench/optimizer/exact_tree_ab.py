@@ -4,9 +4,10 @@
 
 Runs ``exact_dp`` once per graph (``random`` shape, n = 12 and 16, 3 graphs each: the graphs of
 ``bench_optimizer.py``, seed 0) in a worker process per tree (``bench/abtree.py``: this tree's ``include/`` or
-``<base>/include``), so both trees' ``mjoin`` are timed on the same graphs in one run. Written for the
-class-change prototype (branch ``h38-twoclass-model``: ``rho`` as the product of the run's ``u``, exact as a
-Pareto DP over lines).
+``<base>/include``), so both trees' ``mjoin`` are timed on the same graphs in one run, wall and CPU time. Written
+for the first class-change prototype (``rho`` as the product of the run's ``u``, exact as a Pareto DP over lines in
+Python: ``results/exact-ab-h38.json``); ``results/exact-ab-classes.json`` times the merged DP over lines
+(docs/optimizer.md, "Strategies") against the DP before the class-change price.
 """
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def worker() -> None:
             q = query_from_edges(n, random_edges(n, "random", rng, 3, p=0.4), name=f"random{n}")
             stats = random_statistics(q, rng)
             problem = JoinProblem.from_statistics(q, stats)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             best = exact_dp(problem, model)
-            dt = time.perf_counter() - t
-            print(json.dumps({"n": n, "graph": gi, "classes": int(problem.K), "seconds": dt,
+            dt, dc = time.perf_counter() - t, time.process_time() - c
+            print(json.dumps({"n": n, "graph": gi, "classes": int(problem.K), "seconds": dt, "cpu_seconds": dc,
                               "cost_sum": float(sum(c for _, c in best.values()))}), flush=True)
 
 

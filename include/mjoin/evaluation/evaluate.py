@@ -62,7 +62,8 @@ STRATEGIES = ("fixed",) + ADAPTIVE + ("dppick_nosmooth", "oracle") + PARTITIONED
 #: what a strategy is built from: (optimizer, statistics source)
 RECIPES = {**{s: (s, "forecast") for s in ADAPTIVE}, "fixed": ("fixed", "forecast"),
            "dppick_nosmooth": ("dppick", "last_value"), "oracle": ("exact", "oracle"),
-           "exact_pmjoin": ("exact", "forecast"), "oracle_pmjoin": ("exact", "oracle")}
+           "exact_pmjoin": ("exact", "forecast"), "oracle_pmjoin": ("exact", "oracle"),
+           "ajosc": ("ajosc", "forecast")}  # a peer (mjoin.optimizer.strategies.PEERS): the drift evaluation runs it
 
 
 class EvaluationError(ValueError):

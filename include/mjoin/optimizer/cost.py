@@ -1,68 +1,71 @@
-"""The probe-order cost model (docs/algorithms.md, "Cost model", Eq. 1-8).
+"""The probe-order cost model (docs/algorithms.md, "Cost model", Eq. 1-8, 20-23 and 65-66).
 
-Expected cost of the probe order ``o_1..o_{n-1}`` of one new tuple of stream ``s``::
+Expected cost of the probe order ``o_1..o_{n-1}`` of one new tuple of stream ``s``, as the engine runs it
+(docs/engine.md, "How a batch runs"): the order is cut into *runs* of consecutive steps through one attribute
+class. Within a run the engine probes factorised: the new tuple (or each partial result the previous run
+materialised) is one *group* that looks its key up once per step, and a group without a match dies; at the
+end of the run every surviving group's matches are materialised (their cross product, with the residual
+predicates of other classes checked), and each partial result looks up its own key in the next run. So, per
+step ``k`` (backward, affine in ``m``, the partial results per surviving group that the run has built so far)::
 
-    C(o_k) = alpha_q f(kappa[r_k]) + g_k ( alpha_m u_k + phi_k rho_k C(o_{k+1}) ),   C(o_n) = 0
+    C(o_k; m) = A_k + m B_k,   C = A_1 + B_1
+    last step:               A_k = q_k + g_k alpha_m u_k,                    B_k = 0
+    next step in the class:  A_k = q_k + g_k (alpha_m u_k + A_{k+1}),        B_k = g_k u_k phi_k B_{k+1}
+    next step changes class: A_k = q_k + g_k alpha_m u_k,                    B_k = g_k u_k phi_k (A_{k+1} + B_{k+1})
 
-- ``f(kappa) = c + kappa / (2 m_slots)`` for a hash state (Eq. 5) and
-  ``f(kappa) = c + log2(max(kappa, 1))`` for a sorted-array state (Eq. 6; see
-  :meth:`CostModel.f` for the guard and the constant).
-- ``g_k, u_k``: ``gamma`` and ``mu`` of the lookup. A lookup from the partial result
-  ``S`` into ``r`` goes through one attribute class ``c``; every stream of ``S`` in
-  class ``c`` holds the same key value there (the partial result has checked all its
-  predicates), so all class-``c`` edges from ``S`` to ``r`` fetch exactly the same
-  tuples. The estimate uses the most selective of them: the edge with the lowest
-  ``gamma`` (ties: lowest ``mu``), as docs/algorithms.md, "Cost model" says.
-- ``phi_k``: residual filters. Edges from ``S`` to ``r`` in *other* classes are checked
-  on the fetched tuples; assuming independence between classes, each other class
-  multiplies the probability that the partial result continues by its lowest
-  ``gamma``. Within the lookup's class nothing is multiplied (the equality is implied).
-  The match cost ``alpha_m u_k`` is not filtered: every fetched tuple is examined.
-- ``rho_k = 1`` if step ``k+1`` uses the same attribute class as step ``k`` (the
-  factorised lookup is shared, the paper's case), else ``u_k`` (each of the ``mu``
-  partial results looks up its own key). With one class and no residuals this is
-  exactly the paper's Eq. 8.
+i.e. ``C(o_k) = q_k + g_k (alpha_m u_k + R_k C(o_{k+1}))`` with ``R_k = 1`` inside a run and, at a class change,
+the product of ``u phi`` over the run that ends there (``R_k = prod_{j in the run} u_j phi_j``): what the engine
+materialises. With one class this is exactly the paper's Eq. 8.
 
-A pair ``[l, r]`` joined by edges of two classes (possible through transitivity) is
-looked up through its first edge (``Query.edge(l, r)``); the statistics hold one
-``gamma``/``mu`` per directed pair, so the second predicate is not counted as a filter.
+- ``q_k = alpha_q f(kappa[r_k])`` with ``f(kappa) = c + kappa / (2 m_slots)`` for a hash state (Eq. 5) and
+  ``f(kappa) = c + log2(max(kappa, 1))`` for a sorted-array state (Eq. 6; see :meth:`CostModel.f`).
+- ``g_k, u_k``: ``gamma`` and ``mu`` of the lookup. A lookup from the partial result ``S`` into ``r`` goes
+  through one attribute class ``c``; every stream of ``S`` in class ``c`` holds the same key value there, so all
+  class-``c`` edges from ``S`` to ``r`` fetch exactly the same tuples. The estimate uses the edge with the
+  *highest* ``gamma`` (ties: lowest ``mu``): a key that every class-``c`` member of ``S`` holds is at least as
+  likely to be found in ``r`` as the best of their own keys when key presence is positively correlated across
+  streams (hot keys, shared filters); against the engine's work per batch it ranked the orders of the two-class
+  drift preset better than the lowest gamma did (docs/optimizer.md, "The class-change price").
+- ``phi_k``: residual filters. Edges from ``S`` to ``r`` in *other* classes are checked when the run is
+  materialised; assuming independence between classes, each other class multiplies the partial results that
+  survive by its representative edge's ``gamma`` (the same rule). They filter no lookup inside the run (the
+  engine checks them only when it materialises), so ``phi`` enters only through ``R``. The match cost
+  ``alpha_m u_k`` is not filtered: every fetched tuple is examined.
 
-The expected cost per second of an order set is ``sum_s lambda_s * C_s`` (per key group;
-summed over groups). Pure Python + numpy: no Spark, no Airflow.
+A pair ``[l, r]`` joined by edges of two classes (possible through transitivity) is looked up through its first
+edge (``Query.edge(l, r)``); the statistics hold one ``gamma``/``mu`` per directed pair, so the second predicate
+is not counted as a filter.
 
-Ties after an empty step (what :data:`GAMMA_FLOOR` is for): in Eq. 8 the tail ``C(o_{k+1})``
-enters only through the product ``g_k phi_k rho_k``. When a step's ``g_k`` is 0 (a forecast that
-says the partial result finds nothing in ``r_k``: an empty window, or an edge never matched; the
-statistics also give ``gamma = 0`` to an edge with no lookups in the cycle) or its residual ``phi_k``
-is 0, ``C(o_k) = alpha_q f(kappa[r_k])`` whatever follows, so every order of the remaining streams
-has the same cost and an optimizer's own tie-break (dpPick: the first sequence its DFS finds; the
-subset DP: the tail that is optimal from the larger partial result) picks the tail. The engine pays
-that tail whenever the step is not quite empty. The optimizers (dppick, exact, so the oracle too)
-therefore break such ties lexicographically, by ``(C(o_1), C_eps(o_1))``: ``C_eps`` is Eq. 8 with
-``g_k -> max(g_k, eps)`` on every edge, ``eps = GAMMA_FLOOR`` (:meth:`JoinProblem.with_gamma_floor`),
-and :func:`search_with_gamma_floor` runs the search on the floored problem and keeps its order
-where the order's own ``C`` equals the unfloored optimum (to 1e-12 relative), else the unfloored
-search's order. Plans carry ``C``, never ``C_eps``.
+The expected cost per second of an order set is ``sum_s lambda_s * C_s`` (per key group; summed over groups).
+Pure Python + numpy: no Spark, no Airflow.
 
-- A tie of ``C`` after an empty step ``k`` is broken by ``C_eps(o_1) = C(o_1) + eps P_k (alpha_m
-  u_k + phi_k rho_k C(o_{k+1})) + O(eps^2)`` (``P_k``: the product of ``g phi rho`` of the steps
-  before ``k``): among equal-cost orders the one whose tail would cost least if step ``k`` were
-  not quite empty wins, for dpPick and the subset DP alike (one objective, one optimum; what
-  still ties exactly, dppick breaks as the DP does).
-- No plan changes where there is no tie: when every ``gamma >= eps`` the floored problem is the
-  problem itself (one search, the same plans bit for bit); otherwise the floored search's order
-  is kept only if it costs the unfloored optimum, so a ``gamma`` below ``eps`` but above 0 can
-  never trade model cost for the tie-break.
-- ``eps = 1e-6``: one match in a million lookups, far above the rounding of the cost (about 1e-16
-  relative), so the ``eps`` term decides ties and ``eps^2`` (a second empty step inside the
-  tail) still does.
+Ties after an empty step (what :data:`GAMMA_FLOOR` is for): the tail ``C(o_{k+1})`` enters only through the
+product ``g_k R_k``. When a step's ``g_k`` is 0 (a forecast that says the partial result finds nothing in
+``r_k``: an empty window, or an edge never matched; the statistics also give ``gamma = 0`` to an edge with no
+lookups in the cycle), ``C(o_k) = q_k`` whatever follows, so every order of the remaining streams has the same
+cost. The engine pays that tail whenever the step is not quite empty. The optimizers (dppick, exact, so the
+oracle too) therefore break such ties lexicographically, by ``(C(o_1), C_eps(o_1))``: ``C_eps`` is the cost
+with ``g_k -> max(g_k, eps)`` on every edge, ``eps = GAMMA_FLOOR`` (:meth:`JoinProblem.with_gamma_floor`), and
+:func:`search_with_gamma_floor` runs the search on the floored problem and keeps its order where the order's
+own ``C`` equals the unfloored optimum (to 1e-12 relative), else the unfloored search's order. Plans carry
+``C``, never ``C_eps``.
 
-Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup
-searches the engine's whole window state of the stream, which is kept by key bucket and
-not by group (a rule change touches no state), so ``f(kappa)`` is taken at the stream's
-``kappa`` summed over the groups (its distinct keys: the groups partition them). A plan
-with ``D`` groups also runs up to ``D`` probe chains per stream, bucket and batch instead of
-one: :func:`group_overhead` prices those extra chains (:class:`GroupOverhead`).
+- A tie of ``C`` after an empty step ``k`` is broken by ``C_eps(o_1) = C(o_1) + eps P_k (alpha_m u_k + R_k
+  C(o_{k+1})) + O(eps^2)`` (``P_k``: the weight of step ``k``): among equal-cost orders the one whose tail would
+  cost least if step ``k`` were not quite empty wins.
+- No plan changes where there is no tie: when every ``gamma >= eps`` the floored problem is the problem itself
+  (one search, the same plans bit for bit); otherwise the floored search's order is kept only if it costs the
+  unfloored optimum, so a ``gamma`` below ``eps`` but above 0 can never trade model cost for the tie-break.
+- ``eps = 1e-6``: one match in a million lookups, far above the rounding of the cost (about 1e-16 relative).
+- What still ties exactly (several empty steps in a row, symmetric streams) both searches break the same way:
+  the lexicographically first order by ``(r_1, c_1, r_2, c_2, ...)`` among those within :data:`TIE_RTOL` of the
+  optimum (:func:`tie_key`).
+
+Key groups (PMJoin): each group has its own ``gamma``, ``mu`` and ``lambda``, but a lookup searches the engine's
+whole window state of the stream, which is kept by key bucket and not by group (a rule change touches no
+state), so ``f(kappa)`` is taken at the stream's ``kappa`` summed over the groups (its distinct keys: the groups
+partition them). A plan with ``D`` groups also runs up to ``D`` probe chains per stream, bucket and batch instead
+of one: :func:`group_overhead` prices those extra chains (:class:`GroupOverhead`).
 """
 from __future__ import annotations
 
@@ -84,6 +87,9 @@ STATES = ("sorted", "hash")
 #: the floor on ``gamma`` while dppick and exact search (see the module docstring, "Ties after an empty
 #: step"): breaks the ties of Eq. 8 after a step forecast empty by the cost of the tail; 0 = no floor
 GAMMA_FLOOR = 1e-6
+#: orders whose cost is within this relative distance of the optimum tie; dppick and exact both keep the
+#: lexicographically first of them (:func:`tie_key`)
+TIE_RTOL = 1e-12
 MODEL_KIND = "mjoin.cost_model"
 MODEL_VERSION = 1
 
@@ -313,19 +319,20 @@ class JoinProblem:
         return [c for c in range(self.K) if any(joined_mask >> m & 1 for m in self.class_members[c][r])]
 
     def step_terms(self, joined_mask: int, r: int, c: int) -> tuple[float, float, float]:
-        """``(g, u, phi)`` of looking ``r`` up through class ``c`` from ``joined_mask``: gamma and mu
-        of the lowest-gamma class-``c`` edge (ties: lowest mu) and the residual factor of the
-        other classes (product of their lowest gammas, independence assumption)."""
+        """``(g, u, phi)`` of looking ``r`` up through class ``c`` from ``joined_mask`` (Eq. 21-22): gamma and mu
+        of the class-``c`` edge with the highest gamma (ties: lowest mu) and the residual factor of the other
+        classes (the product of their representative edges' gammas, independence assumption)."""
         best = None
         phi = 1.0
         for cc in range(self.K):
             members = [m for m in self.class_members[cc][r] if joined_mask >> m & 1]
             if not members:
                 continue
+            rep = max(((self.gamma[m, r], -self.mu[m, r]) for m in members))
             if cc == c:
-                best = min((self.gamma[m, r], self.mu[m, r]) for m in members)
+                best = (rep[0], -rep[1])
             else:
-                phi *= min(self.gamma[m, r] for m in members)
+                phi *= rep[0]
         if best is None:
             raise ValueError(f"{self.names[r]} cannot be looked up through class {self.classes[c]} from the partial result")
         return float(best[0]), float(best[1]), float(phi)
@@ -341,8 +348,8 @@ class JoinProblem:
         raise ValueError(f"{self.names[r]} has no class-{self.classes[c]} neighbour in the partial result")
 
 
-def order_cost(problem: JoinProblem, model: CostModel, start: int, pairs: Sequence[Sequence[int]]) -> float:
-    """Eq. 1-3/8 with residuals and rho: the expected cost of one probe order (index pairs)."""
+def order_steps(problem: JoinProblem, model: CostModel, start: int, pairs: Sequence[Sequence[int]]) -> list:
+    """``[(q, g, u, phi, c)]`` per step of a probe order (index pairs), checked to be a connected expansion."""
     mask = 1 << start
     steps = []
     for l, r in pairs:
@@ -354,13 +361,40 @@ def order_cost(problem: JoinProblem, model: CostModel, start: int, pairs: Sequen
         mask |= 1 << r
     if mask != (1 << problem.n) - 1:
         raise ValueError("the order does not reach every stream")
-    cost = 0.0
-    next_class = None
+    return steps
+
+
+def step_line(q: float, g: float, u: float, phi: float, same: bool | None, am: float, a: float = 0.0,
+              b: float = 0.0) -> tuple[float, float]:
+    """Eq. 65: ``(A_k, B_k)`` of a step from its terms and the next step's ``(A_{k+1}, B_{k+1}) = (a, b)``;
+    ``same``: the next step keeps the class (None: this is the last step)."""
+    if same is None:
+        return q + g * am * u, 0.0
+    if same:
+        return q + g * (am * u + a), g * u * phi * b
+    return q + g * am * u, g * u * phi * (a + b)
+
+
+def order_line(steps, am: float) -> tuple[float, float]:
+    """``(A_1, B_1)`` of an order's steps (:func:`order_steps`): its cost is ``A_1 + B_1``."""
+    a = b = 0.0
+    nxt = None
     for q, g, u, phi, c in reversed(steps):
-        rho = 1.0 if next_class is None or next_class == c else u
-        cost = q + g * (model.alpha_m * u + phi * rho * cost)
-        next_class = c
-    return cost
+        a, b = step_line(q, g, u, phi, None if nxt is None else nxt == c, am, a, b)
+        nxt = c
+    return a, b
+
+
+def order_cost(problem: JoinProblem, model: CostModel, start: int, pairs: Sequence[Sequence[int]]) -> float:
+    """Eq. 65-66 (Eq. 8 with one class): the expected cost of one probe order (index pairs) of ``start``."""
+    a, b = order_line(order_steps(problem, model, start, pairs), model.alpha_m)
+    return a + b
+
+
+def tie_key(problem: JoinProblem, pairs: Sequence[Sequence[int]]) -> tuple:
+    """``(r_1, c_1, r_2, c_2, ...)``: among orders within :data:`TIE_RTOL` of the optimum both searches keep the
+    one with the smallest key."""
+    return tuple(x for l, r in pairs for x in (int(r), int(problem.cls[l, r])))
 
 
 def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floor: float = GAMMA_FLOOR) -> dict:

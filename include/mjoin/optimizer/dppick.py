@@ -17,22 +17,26 @@ Paper-faithful except for two things, both said where they happen:
   multi-class graphs a few shared suffixes may be computed twice (same result).
 - ``(n-1)!`` in the ``(n-1)! times more`` above is for one class: the paper's DFS picks
   ``l`` among all joined streams, 1 * 2 * ... * (n-1) choices per order.
+- ``subMemo`` holds a suffix's cost as the pair ``(A, B)`` of Eq. 65 (the cost is ``A + m B`` when the step
+  before the suffix continues its first step's class with ``m`` partial results per group, ``A + B`` when it
+  does not), not one number: under the class-change price of ``mjoin.optimizer.cost`` a suffix's cost depends on
+  the run it continues. With one attribute class ``B = 0`` and ``A`` is the paper's memoised Eq. 8 cost, so
+  there the memo is the paper's; with several classes the pair keeps dpPick exact.
 - Ties: among sequences of equal cost (Eq. 8 after a step forecast empty, ``gamma = 0``:
   every tail costs the same) the one whose tail costs least with ``gamma`` floored at
   ``mjoin.optimizer.cost.GAMMA_FLOOR`` (``gamma_floor``) wins, as for the exact DP
   (``mjoin.optimizer.cost.search_with_gamma_floor``: a second search on the floored problem when a
   gamma is below the floor); the paper's rule keeps the first such sequence the DFS
   finds, whatever its tail (``mjoin.optimizer.cost``, "Ties after an empty step"). Sequences whose costs are
-  still exactly equal (ties below the floor's resolution: ``eps^k`` after ``k`` empty
-  steps in a row; symmetric streams) go the way the subset DP breaks them: the cheapest
-  tail from every partial result reached, then the lowest class and stream index (the
-  paper keeps the first found), so that dppick and exact return the same orders.
+  still equal (within ``mjoin.optimizer.cost.TIE_RTOL``: ties below the floor's resolution, symmetric
+  streams) go to the lexicographically first by ``(r_1, c_1, r_2, c_2, ...)`` (``mjoin.optimizer.cost.tie_key``),
+  the rule the subset DP follows, so that dppick and exact return the same orders.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
-from mjoin.optimizer.cost import GAMMA_FLOOR, CostModel, JoinProblem, search_with_gamma_floor
+from mjoin.optimizer.cost import GAMMA_FLOOR, TIE_RTOL, CostModel, JoinProblem, search_with_gamma_floor, step_line, tie_key
 
 #: above this many streams dp_pick refuses: (n-1)! sequences per stream and a suffix memo of
 #: about e (n-1)! entries (n = 10: ~2 min and ~1 M memo entries per stream; n = 11: 10x that)
@@ -100,53 +104,36 @@ def _search(problem: JoinProblem, model: CostModel, dedupe: bool) -> dict:
     cost_dict: dict = {}
 
     for start in range(n):
-        sub_memo: dict = {(): 0.0}
+        sub_memo: dict = {(): (0.0, 0.0)}  # suffix -> (A, B) of Eq. 65
         # rights mask of each memoised suffix (the streams it joins), to derive the partial result
         rights: dict = {(): 0}
 
         def calculate_cost(pair, sub):
-            """Lines 3-14: cost of ``pair`` followed by ``sub``, the suffix cost memoised."""
+            """Lines 3-14: ``(A, B)`` of ``pair`` followed by ``sub``, the suffix's memoised."""
             if sub in sub_memo:
-                sub_cost = sub_memo[sub]
+                a, b = sub_memo[sub]
             else:
-                sub_cost = calculate_cost(sub[0], sub[1:])
-                sub_memo[sub] = sub_cost
+                a, b = calculate_cost(sub[0], sub[1:])
+                sub_memo[sub] = (a, b)
                 rights[sub] = rights[sub[1:]] | 1 << sub[0][1]
             l, r = pair
             joined_before = full & ~(rights[sub] | 1 << r)
             c = cls[l, r]
             g, u, phi = problem.step_terms(joined_before, r, c)
-            rho = 1.0 if not sub or cls[sub[0]] == c else u
-            return qcost[r] + g * (am * u + phi * rho * sub_cost)
+            return step_line(qcost[r], g, u, phi, None if not sub else bool(cls[sub[0]] == c), am, a, b)
 
-        def tie_key(seq, cost):
-            """The order in which the subset DP (``exact``) picks among equal costs: ``(C(o_1), c_1, r_1,
-            rho_1 C(o_2), c_2, r_2, ...)`` (the DP's cheapest tail from every partial result it reaches, the
-            first class and then the first stream among equal ones)."""
-            key = [cost, int(cls[seq[0]]), seq[0][1]]
-            mask = 1 << start
-            for k in range(1, len(seq)):
-                l, r = seq[k - 1]
-                c = cls[l, r]
-                mask_before = mask
-                mask |= 1 << r
-                nxt = int(cls[seq[k]])
-                rho = 1.0 if nxt == c else problem.step_terms(mask_before, r, c)[1]
-                key += [rho * sub_memo[seq[k:]], nxt, seq[k][1]]
-            return key
-
-        best_key = None  # tie_key of the kept sequence, made on the first tie
+        best = float("inf")
+        near: list = []  # (sequence, cost) within TIE_RTOL of the running minimum, in the order found
         for seq in get_sequences(problem, start, dedupe=dedupe):
-            cost = calculate_cost(seq[0], seq[1:])
-            if start not in cost_dict or cost < cost_dict[start][1]:
-                cost_dict[start] = (list(seq), cost)
-                best_key = None
-            elif cost == cost_dict[start][1]:  # a tie: the exact DP's choice (see tie_key)
-                if best_key is None:
-                    best_key = tie_key(tuple(cost_dict[start][0]), cost)
-                key = tie_key(seq, cost)
-                if key < best_key:
-                    cost_dict[start], best_key = (list(seq), cost), key
+            a, b = calculate_cost(seq[0], seq[1:])
+            cost = a + b
+            if best == float("inf") or cost <= best + TIE_RTOL * abs(best):
+                near.append((seq, cost))
+                if cost < best:
+                    best = cost
+                    near = [(s_, c_) for s_, c_ in near if c_ <= best + TIE_RTOL * abs(best)]
+        seq, cost = min(near, key=lambda sc: tie_key(problem, sc[0]))
+        cost_dict[start] = (list(seq), cost)
     return cost_dict
 
 
