@@ -16,7 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.loop.params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, query_choices, spark_conf, spark_env
+from mjoin.loop.params import DEFAULT_QUERY, EVAL_STRATEGY_NAMES, OPTIONAL_TEXT, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
@@ -31,7 +31,7 @@ EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
     max_active_runs=1,
     params={
         "query": Param(DEFAULT_QUERY, type="string", enum=query_choices(), description="query spec (include/queries/)"),
-        "lake": Param("", type="string", description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
+        "lake": Param(None, type=OPTIONAL_TEXT, description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
         "start": Param("2026-01-01T00:00:00Z", type="string", format="date-time", description="first interval start"),
         "end": Param("2026-01-01T00:30:00Z", type="string", format="date-time", description="end of the range (exclusive)"),
         "period": Param(300, type="integer", minimum=10, maximum=86400, description="interval length, seconds"),
@@ -39,7 +39,8 @@ EVAL_STRATEGIES = list(EVAL_STRATEGY_NAMES)
         "length": Param(60, type="integer", minimum=2, maximum=10000, description="L: cycles the forecast reads"),
         "strategies": Param(EVAL_STRATEGIES, type="array", items={"type": "string", "enum": EVAL_STRATEGIES},
                             description="strategies to compare"),
-        "initial_order": Param("", type="string", description="comma-separated initial order for fixed ('all' = 24 orders)"),
+        "initial_order": Param(None, type=OPTIONAL_TEXT,
+                               description="comma-separated initial order for fixed ('all' = 24 orders; empty: the spec's order)"),
         "namespace": Param("eval/evaluate", type="string", minLength=1, description="lake namespace for the outputs"),
     },
     tags=["mjoin"],
