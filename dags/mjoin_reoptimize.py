@@ -4,8 +4,13 @@ One run covers the whole statistics cycles of the period that just ended: [end -
 end the last cycle boundary at or before the logical date (scheduled runs get logical dates like
 ...:31.905813), judged once its last cycle is complete (landed, or `landing_allowance` after its end):
 
-    prepare -> land -> check_input -> join (Spark) -> collect_statistics (Spark) -> check_statistics
-      -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
+    prepare -> land -> check_input -> join_mode -> join (Spark: the join, then the statistics)
+                                                -> collect_statistics (Spark, continuous mode)
+      -> check_statistics -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
+
+In cycle mode `join` is one spark-submit that joins the interval and then computes its statistics in the same
+driver (jobs/join_stats.py: one JVM and Spark start per run instead of two); `collect_statistics` (the statistics
+alone) runs in continuous mode, where the streaming job joins.
 
 A failed gate fails its task: the steps after it do not run and the active plan stays.
 A plan that is not better than the active one skips `deploy` ("no change"), so does a
@@ -45,8 +50,8 @@ from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spa
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = spark_conf()
 SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was started
-#: MJOIN_SPARK_REMOTE set: collect_statistics connects to that warm Spark Connect server instead of a
-#: fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
+#: MJOIN_SPARK_REMOTE set: collect_statistics (continuous mode) connects to that warm Spark Connect server instead of
+#: a fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
 SPARK_REMOTE = spark_remote()
 
 
@@ -184,7 +189,7 @@ def _tasks():
     def join_mode(ctx: dict):
         return "join" if ctx["mode"] == "cycle" else "collect_statistics"
 
-    @task
+    @task(trigger_rule="none_failed_min_one_success")  # after join (cycle mode) or collect_statistics (continuous)
     def check_statistics(ctx: dict):
         from mjoin.loop import collect
 
@@ -226,7 +231,7 @@ def _tasks():
 
         return _step(deploying.await_switch, ctx, deployed)
 
-    @task(task_id="collect_statistics", trigger_rule="none_failed_min_one_success")
+    @task(task_id="collect_statistics")
     def collect_statistics_remote(args: list):
         """The statistics job (jobs/stats.py's arguments) in the session of the server MJOIN_SPARK_REMOTE."""
         from mjoin.cli import main
@@ -253,15 +258,14 @@ def _tasks():
     gate_in = check_input(ctx)
     mode = join_mode(ctx)
     join = SparkSubmitOperator(
-        task_id="join", application=str(JOBS / "join.py"), application_args=ctx["join_args"],
+        task_id="join", application=str(JOBS / "join_stats.py"), application_args=ctx["join_stats_args"],
         conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     if SPARK_REMOTE:
         stats = collect_statistics_remote(ctx["stats_args"])
     else:
         stats = SparkSubmitOperator(
             task_id="collect_statistics", application=str(JOBS / "stats.py"), application_args=ctx["stats_args"],
-            conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False,
-            trigger_rule="none_failed_min_one_success")
+            conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     gate_stats = check_statistics(ctx)
     fc = forecast(ctx)
     gate_fc = check_forecast(ctx)
@@ -272,7 +276,8 @@ def _tasks():
     done = record()
 
     landed >> gate_in >> mode >> [join, stats]
-    join >> stats >> gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
+    [join, stats] >> gate_stats
+    gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
 
 
 reoptimize_dag("mjoin_reoptimize", timedelta(minutes=PERIOD_MINUTES),

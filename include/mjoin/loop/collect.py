@@ -70,6 +70,7 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
            "prepared_at": iso(datetime.now(timezone.utc)), "config": cfg.to_json()}
     ctx["join_args"] = join_args(cfg, query, start, end, folder)
     ctx["stats_args"] = stats_args(cfg, query, stats_from, end)
+    ctx["join_stats_args"] = ctx["join_args"] + ["--stats"] + ctx["stats_args"]  # cycle mode: one spark-submit
     write_doc(fsutil.join(folder, "context.json"), ctx)
     log.info("re-optimization of %s for [%s, %s) (logical date %s%s), %s mode (%s), in %s", query.name, ctx["start"],
              ctx["end"], ctx["logical_date"], f"; starts at the first landed cycle, not {clipped}" if clipped else "",

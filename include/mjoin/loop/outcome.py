@@ -21,6 +21,8 @@ REASON_CHARS = 1000
 JOB_ERROR = re.compile(r"^\s*error: (?P<msg>.+)$")
 #: the last line of a Python traceback: ``SomeError: message`` (also dotted, e.g. ``pyspark.errors...Exception``)
 PY_EXCEPTION = re.compile(r"^(?P<msg>(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Failed)\b.*)$")
+#: a JVM exception in a Py4J error or a Java stack trace: ``: org...SparkException: msg`` or ``Caused by: ...``
+JAVA_EXCEPTION = re.compile(r"^(?:: |Caused by: )(?P<msg>(?:[\w$]+\.)+[\w$]*(?:Exception|Error)\b.*)$")
 #: a log line at level ERROR (Python logging as the jobs configure it, or log4j)
 LOG_ERROR = re.compile(r"\b(?:ERROR|FATAL)\b[^:]*: (?P<msg>.+)$")
 SPARK_SUBMIT = re.compile(r"^Cannot execute: .*?Error code is: (?P<code>-?\d+)\.", re.S)
@@ -35,14 +37,22 @@ def one_line(message: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = lines[0] if lines else "failed"
     if submit:
-        tail = lines[1:]
-        found = None
-        for pattern in (JOB_ERROR, PY_EXCEPTION, LOG_ERROR):
-            found = next((m.group("msg").strip() for ln in reversed(tail) if (m := pattern.search(ln))), None)
-            if found:
-                break
-        line = f"spark-submit exit {submit.group('code')}: {found or 'no error line in its output (see the full log)'}"
+        line = f"spark-submit exit {submit.group('code')}: {_job_error(lines[1:]) or 'no error line in its output'}"
     return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "\u2026"
+
+
+def _job_error(lines: list[str]) -> str | None:
+    """The error line of a Spark job's output: the job's own ``error: ...`` line, else the last Python exception
+    (for a Py4J error, the JVM exception under it: its deepest ``Caused by``), else the last ERROR log line."""
+    hit = next((m.group("msg") for ln in reversed(lines) if (m := JOB_ERROR.match(ln))), None)
+    if hit:
+        return hit.strip()
+    at = next((i for i in range(len(lines) - 1, -1, -1) if PY_EXCEPTION.match(lines[i])), None)
+    if at is not None:
+        java = [(ln.startswith("Caused by: "), m.group("msg")) for ln in lines[at + 1:] if (m := JAVA_EXCEPTION.match(ln))]
+        causes = [msg for caused, msg in java if caused]
+        return (causes[-1] if causes else java[0][1] if java else lines[at]).strip()
+    return next((m.group("msg").strip() for ln in reversed(lines) if (m := LOG_ERROR.search(ln))), None)
 
 
 def note_failure(folder: str, task_id: str, message: str) -> str:
