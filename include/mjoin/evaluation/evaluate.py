@@ -119,6 +119,18 @@ class EvalResult:
         return asdict(self)
 
 
+#: an evaluation without a range covers this many periods before its run (mjoin_evaluate with the defaults)
+RECENT_INTERVALS = 6
+
+
+def recent_range(start, end, at, period: float, cycle: float) -> tuple[str, str]:
+    """The range to evaluate: ``[start, end)`` as given; an empty ``end`` is the last cycle boundary at or before
+    ``at`` (the run's time), an empty ``start`` :data:`RECENT_INTERVALS` periods before the end."""
+    e = parse_time(end) if end else parse_time(math.floor(round(parse_time(at).timestamp(), 6) / cycle) * cycle)
+    s = parse_time(start) if start else e - timedelta(seconds=RECENT_INTERVALS * parse_duration(period))
+    return iso(s), iso(e)
+
+
 def intervals(cfg: EvalConfig) -> list[tuple]:
     t0, t1 = parse_time(cfg.start), parse_time(cfg.end)
     out, t = [], t0
