@@ -167,3 +167,25 @@ def test_a_failed_spark_task_is_reported_by_its_own_error_with_the_whole_log_kep
     served = report_target(QUERY, "runs/20260101T000530Z/failed_join.log", lake)
     assert served and open(served).read() == SPARK_FAILURE
     assert json.loads(fsutil.read_text(os.path.join(ctx["run_dir"], "failed_join.json")))["log"] == "failed_join.log"
+
+
+def test_the_statistics_gate_judges_every_cycle_of_a_run_that_caught_up(tmp_path, seed_query):
+    """A run that caught up covers more than the L cycles the forecast reads: its statistics gate reads the whole
+    interval (found by the loop's run-time benchmark: it read only the last L cycles and called the earlier ones
+    of the interval missing)."""
+    import pandas as pd
+
+    from test_gates_support import T0, history
+    from mjoin.loop.collect import check_statistics
+    from mjoin.stats.history import history_root, write_cycle
+
+    lake = Lake(str(tmp_path / "lake"))
+    cfg = LoopConfig.from_params({"query": QUERY, "lake": lake.root, "period": 300, "cycle": 60, "length": 6},
+                                 run_id="scheduled__c")
+    rows = history(seed_query, 20, start=T0)
+    for t, part in rows.groupby("cycle_start"):
+        write_cycle(history_root(lake), QUERY, t, part.assign(cycle_start=pd.Timestamp(t)))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ctx = {"query": QUERY, "start": T0, "end": iso(LIVE0 + 20 * 60), "run_dir": str(folder), "mode": "cycle"}
+    assert check_statistics(cfg, ctx)["status"] == "passed"  # 20 cycles of a 6-cycle forecast window

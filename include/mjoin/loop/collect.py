@@ -274,7 +274,8 @@ def read_stats_history(cfg: LoopConfig, query, start=None, end=None):
 
 def check_statistics(cfg: LoopConfig, ctx: dict) -> dict:
     query = cfg.load_query()
-    start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
+    # the last L cycles, and the whole interval when it is longer (a run that caught up on missed cycles)
+    start = min(parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle), parse_time(ctx["start"]))
     history = read_stats_history(cfg, query, start=start, end=ctx["end"])
     result = statistics_gate(query, history, ctx["start"], ctx["end"], cfg.cycle, config=cfg.gate_config())
     return finish_gate(result, ctx, "stats")
