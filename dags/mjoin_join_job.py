@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from mjoin.loop.params import DEFAULT_QUERY, query_choices, spark_conf, spark_env
+from mjoin.loop.params import DEFAULT_QUERY, OPTIONAL_TEXT, query_choices, spark_conf, spark_env
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 
@@ -31,8 +31,8 @@ JOBS = Path(__file__).resolve().parent.parent / "jobs"
     params={
         "action": Param("status", type="string", enum=["start", "stop", "restart", "status"]),
         "query": Param(DEFAULT_QUERY, type="string", enum=query_choices(), description="query spec (include/queries/)"),
-        "lake": Param("", type="string", description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
-        "namespace": Param("", type="string", description="lake namespace of the job (empty: live)"),
+        "lake": Param(None, type=OPTIONAL_TEXT, description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
+        "namespace": Param(None, type=OPTIONAL_TEXT, description="lake namespace of the job (empty: live)"),
         "interval": Param(10, type="integer", minimum=1, maximum=3600, description="micro-batch trigger, seconds"),
         "stop_timeout": Param(300, type="integer", minimum=5, maximum=7200, description="seconds to wait for a stop"),
     },
@@ -49,8 +49,8 @@ def mjoin_join_job():
 
         ctx = get_current_context()
         p = ctx["params"]
-        lake = p["lake"] or Resources.from_env().lake
-        jc = JobControl(Lake(lake, p["namespace"]), load_query(p["query"]).name)
+        lake, namespace = p["lake"] or Resources.from_env().lake, p["namespace"] or ""
+        jc = JobControl(Lake(lake, namespace), load_query(p["query"]).name)
         st = jc.status()
         print(f"join job of {p['query']}: {'running' if st['running'] else st['state']}: {st}")
         if p["action"] in ("stop", "restart") and st["running"]:
@@ -63,7 +63,7 @@ def mjoin_join_job():
             raise AirflowFailException(f"already running (pid {st.get('pid')} since {st.get('started_at')}); "
                                        "use action=restart")
         args = ["--stream", "--trigger", "processingTime", "--interval", str(p["interval"]), "--query", p["query"],
-                "--lake", lake] + (["--namespace", p["namespace"]] if p["namespace"] else [])
+                "--lake", lake] + (["--namespace", namespace] if namespace else [])
         return {"start": p["action"] in ("start", "restart"), "args": args}
 
     @task.short_circuit

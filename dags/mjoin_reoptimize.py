@@ -4,15 +4,23 @@ One run covers the whole statistics cycles of the period that just ended: [end -
 end the last cycle boundary at or before the logical date (scheduled runs get logical dates like
 ...:31.905813), judged once its last cycle is complete (landed, or `landing_allowance` after its end):
 
-    prepare -> land -> check_input -> join (Spark) -> collect_statistics (Spark) -> check_statistics
-      -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
+    prepare -> land -> check_input -> join_mode -> join (Spark: the join, then the statistics)
+                                                -> collect_statistics (Spark, continuous mode)
+      -> check_statistics -> forecast -> check_forecast -> optimize -> check_plan -> deploy -> await_switch -> record
+
+In cycle mode `join` is one spark-submit that joins the interval and then computes its statistics in the same
+driver (jobs/join_stats.py: one JVM and Spark start per run instead of two); `collect_statistics` (the statistics
+alone) runs in continuous mode, where the streaming job joins.
 
 A failed gate fails its task: the steps after it do not run and the active plan stays.
 A plan that is not better than the active one skips `deploy` ("no change"), so does a
-dry run. In continuous mode (`mode=continuous`, a join job started by mjoin_join_job)
-`join` is skipped and `await_switch` waits until the running job's batches run the new
-version (else rolls back and fails); in cycle mode `await_switch` is skipped. Backfill
-runs always use cycle mode, in the `eval/backfill` namespace. `gates` overrides gate
+dry run. `mode=auto` (the default, so scheduled runs) is continuous while the streaming join
+job of the query runs (mjoin_join_job), else cycle. In continuous mode `join` is skipped and
+`await_switch` waits until the running job's batches run the new version (else rolls back
+and fails); in cycle mode `await_switch` is skipped. Backfill runs always use cycle mode, in
+the `eval/backfill` namespace. A run whose previous run ended before its interval (a run that
+overran its period) also covers the cycles in between, up to an hour; older ones are a `gap`
+in its outcome. `gates` overrides gate
 thresholds for the run. `record` always runs and writes the run's outcome; it is a
 teardown task, so the run's state is the steps' (a failed gate or switch fails the run,
 "no change" and dry runs succeed); every run gets an outcome with the reason it failed, also one
@@ -21,6 +29,8 @@ Unknown param names fail the run at `prepare` (the api-server already refuses th
 plugins/mjoin_trigger_checks.py). Backfill runs go in logical-date order: each waits (rescheduled,
 holding no worker slot) until the run of the interval before it has finished, so it sees the plan
 that run deployed.
+`mjoin_demo` is the same DAG without a schedule, for `make demo`'s runs (their simulated clock is the
+`interval_end` param), so they stay out of mjoin_reoptimize's history.
 Logic lives in mjoin.loop (docs/orchestration.md); this file only wires it. The tasks import their
 step modules when they run, not here: the scheduler parses this file often, and the steps import pandas,
 pyarrow and scipy (tests/test_dags.py checks what parsing imports).
@@ -40,8 +50,8 @@ from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spa
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = spark_conf()
 SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was started
-#: MJOIN_SPARK_REMOTE set: collect_statistics connects to that warm Spark Connect server instead of a
-#: fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
+#: MJOIN_SPARK_REMOTE set: collect_statistics (continuous mode) connects to that warm Spark Connect server instead of
+#: a fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
 SPARK_REMOTE = spark_remote()
 
 
@@ -56,7 +66,8 @@ BACKFILL_WAIT = timedelta(hours=6)
 
 
 def _logical_date(ctx):
-    """The run's logical date; a manual run created without one (Airflow 3 allows it) counts from its trigger time."""
+    """The run's logical date; a manual run created without one (Airflow 3 allows it) counts from its trigger time
+    (the ``interval_end`` param, when given, wins over either: mjoin.loop.config.LoopConfig.judged_at)."""
     return ctx.get("logical_date") or ctx["dag_run"].run_after
 
 
@@ -80,13 +91,16 @@ def _config():
 
 
 def _step(fn, *args):
-    """Run a step; map its outcomes onto Airflow states (failed gate -> failed, no change -> skipped)."""
+    """Run a step; map its outcomes onto Airflow states (failed gate -> failed, no change -> skipped).
+    A step after ``prepare`` gets the run's context first, with the mode prepare resolved."""
     from mjoin.loop.config import NoChange, StepFailed
 
     try:
         cfg = _config()
     except ValueError as exc:  # bad params (unknown gate key, bad value): a clear message, no retry
         raise AirflowFailException(f"invalid params: {exc}")
+    if args and isinstance(args[0], dict):
+        cfg.for_run(args[0])
     try:
         return fn(cfg, *args)
     except NoChange as exc:
@@ -129,19 +143,28 @@ def _note_failure(context) -> None:
         print(f"could not record the failure of {ti.task_id}: {exc}")
 
 
-@dag(
-    dag_id="mjoin_reoptimize",
-    description="statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan",
-    schedule=timedelta(minutes=PERIOD_MINUTES),
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    params=_params(),
-    default_args={"retries": 0, "on_failure_callback": _note_failure},
-    tags=["mjoin"],
-    doc_md=__doc__,
-)
-def mjoin_reoptimize():
+def reoptimize_dag(dag_id: str, schedule, description: str, tags: list[str]):
+    """The re-optimization DAG: ``mjoin_reoptimize`` on its schedule, ``mjoin_demo`` (no schedule) for the demo."""
+
+    @dag(
+        dag_id=dag_id,
+        description=description,
+        schedule=schedule,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        params=_params(),
+        default_args={"retries": 0, "on_failure_callback": _note_failure},
+        tags=tags,
+        doc_md=__doc__,
+    )
+    def reoptimize():
+        _tasks()
+
+    return reoptimize()
+
+
+def _tasks():
     @task(multiple_outputs=True)
     def prepare():
         from mjoin.loop import collect
@@ -166,7 +189,7 @@ def mjoin_reoptimize():
     def join_mode(ctx: dict):
         return "join" if ctx["mode"] == "cycle" else "collect_statistics"
 
-    @task
+    @task(trigger_rule="none_failed_min_one_success")  # after join (cycle mode) or collect_statistics (continuous)
     def check_statistics(ctx: dict):
         from mjoin.loop import collect
 
@@ -208,7 +231,7 @@ def mjoin_reoptimize():
 
         return _step(deploying.await_switch, ctx, deployed)
 
-    @task(task_id="collect_statistics", trigger_rule="none_failed_min_one_success")
+    @task(task_id="collect_statistics")
     def collect_statistics_remote(args: list):
         """The statistics job (jobs/stats.py's arguments) in the session of the server MJOIN_SPARK_REMOTE."""
         from mjoin.cli import main
@@ -228,22 +251,21 @@ def mjoin_reoptimize():
         states = {t: s for t, s in states.items() if t != ti.task_id}
         cfg, _ = config.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
         ctx = ti.xcom_pull(task_ids="prepare") or config.fallback_context(cfg, _logical_date(c))
-        return outcome.record(cfg, ctx, states)
+        return outcome.record(cfg.for_run(ctx), ctx, states, dag_id=ti.dag_id)
 
     ctx = prepare()
     landed = land(ctx)
     gate_in = check_input(ctx)
     mode = join_mode(ctx)
     join = SparkSubmitOperator(
-        task_id="join", application=str(JOBS / "join.py"), application_args=ctx["join_args"],
+        task_id="join", application=str(JOBS / "join_stats.py"), application_args=ctx["join_stats_args"],
         conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     if SPARK_REMOTE:
         stats = collect_statistics_remote(ctx["stats_args"])
     else:
         stats = SparkSubmitOperator(
             task_id="collect_statistics", application=str(JOBS / "stats.py"), application_args=ctx["stats_args"],
-            conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False,
-            trigger_rule="none_failed_min_one_success")
+            conn_id="spark_default", name="mjoin-stats", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     gate_stats = check_statistics(ctx)
     fc = forecast(ctx)
     gate_fc = check_forecast(ctx)
@@ -254,7 +276,11 @@ def mjoin_reoptimize():
     done = record()
 
     landed >> gate_in >> mode >> [join, stats]
-    join >> stats >> gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
+    [join, stats] >> gate_stats
+    gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
 
 
-mjoin_reoptimize()
+reoptimize_dag("mjoin_reoptimize", timedelta(minutes=PERIOD_MINUTES),
+               "statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan", ["mjoin"])
+reoptimize_dag("mjoin_demo", None, "make demo's re-optimization runs (mjoin_reoptimize's tasks, no schedule), kept "
+               "out of mjoin_reoptimize's history", ["mjoin", "demo"])

@@ -1,14 +1,16 @@
 """Airflow plugin: an "mjoin" page in the Airflow UI with every query's plan registry
-(versions, lineage, the active pointer, recent re-optimization outcomes) and links
-to the evaluation reports. Read-only; served by the api-server under /mjoin/.
+(versions, lineage, the active pointer, recent re-optimization outcomes with their reasons, what the
+join job quarantined, backfill runs) and links to the evaluation reports and the runs' full errors.
+Read-only; served by the api-server under /mjoin/ (mjoin.loop.ui renders it).
 
 Behind Airflow's login: every endpoint needs an authenticated Airflow user (a JWT from
 ``POST /auth/token`` as ``Authorization: Bearer``, or the UI's ``_token`` cookie, checked by
 Airflow's own ``get_user``) whom the auth manager allows the custom view ``mjoin``
 (``is_authorized_custom_view(method="GET", resource_name="mjoin")``, the access check for
 plugin views). No user: 401 (a browser asking for HTML is sent to the login page); a user
-without access: 403. A report's ``query`` must be a known query (a spec present or a query
-the lake holds), its ``name`` a file inside that query's report folder (mjoin.loop.ui.report_target).
+without access: 403. A file's ``lake`` must be one the page lists (the live lake ``MJOIN_LAKE``, or one
+registered with Airflow's home, like the demo's), its namespace one that lake has, its ``query`` a known
+query, its ``name`` a file inside that query's report folder (mjoin.loop.ui.report_target).
 """
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ import mimetypes
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.core_api.security import get_user
+from airflow.configuration import AIRFLOW_HOME
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mjoin.loop.airflow_env import registered_lakes
+from mjoin.loop.ui import LIVE, lakes, namespace_of, registry_json, registry_page, report_target
 from mjoin.runtime import fsutil
-from mjoin.loop.ui import registry_json, registry_page, report_target
 
 RESOURCE = "mjoin"
 
@@ -47,25 +51,50 @@ async def _login_redirect(request: Request, exc: StarletteHTTPException):
     return await http_exception_handler(request, exc)
 
 
+def _where(lake: str, ns: str):
+    """``(lake name, Lake, namespace, every lake)`` of a page or file request; 404 for a lake or namespace the
+    page does not list."""
+    every = lakes(registered_lakes(AIRFLOW_HOME))
+    if lake not in every:
+        raise HTTPException(status_code=404, detail=f"no lake {lake!r}; known: {', '.join(every)}")
+    namespace = namespace_of(ns, every[lake])
+    if namespace is None:
+        raise HTTPException(status_code=404, detail=f"no namespace {ns!r} in the {lake} lake")
+    return lake, every[lake], namespace, every
+
+
+def _serve(path: str | None, name: str, query: str):
+    if path is None:
+        raise HTTPException(status_code=404, detail=f"no report file {name!r} for {query!r}")
+    media = mimetypes.guess_type(name)[0] or ("text/plain" if name.endswith(".log") else "application/octet-stream")
+    if not fsutil.is_url(path):
+        return FileResponse(path, media_type=media)
+    return Response(fsutil.read_bytes(path), media_type=media)  # a lake on HDFS / an object store
+
+
 @app.get("/", response_class=HTMLResponse)
-def index():
-    return registry_page()
+def index(lake: str = LIVE, ns: str = LIVE):
+    name, root, namespace, every = _where(lake, ns)
+    return registry_page(root, namespace, name, every)
 
 
 @app.get("/api/plans")
-def plans():
-    return JSONResponse(registry_json())
+def plans(lake: str = LIVE, ns: str = LIVE):
+    _, root, namespace, _ = _where(lake, ns)
+    return JSONResponse(registry_json(root, namespace))
 
 
 @app.get("/reports/{query}/{name:path}")
 def report(query: str, name: str):
-    path = report_target(query, name)
-    if path is None:
-        raise HTTPException(status_code=404, detail=f"no report file {name!r} for {query!r}")
-    if not fsutil.is_url(path):
-        return FileResponse(path)
-    media = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return Response(fsutil.read_bytes(path), media_type=media)  # a lake on HDFS / an object store
+    """A file of the live lake's live namespace (the page's links before it listed other lakes)."""
+    return _serve(report_target(query, name), name, query)
+
+
+@app.get("/files/{lake}/{ns}/{query}/{name:path}")
+def files(lake: str, ns: str, query: str, name: str):
+    """A file of a query's report folder (an evaluation report, a run's full error) in a lake and namespace."""
+    _, root, namespace, _ = _where(lake, ns)
+    return _serve(report_target(query, name, root, namespace), name, query)
 
 
 class MjoinPlugin(AirflowPlugin):

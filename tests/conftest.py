@@ -55,7 +55,7 @@ def two_class_query():
 #: the longest modules (real schedulers, kill -9 and restarts, the cluster), first and in this order, so that none of
 #: them starts last: pytest-xdist gives each worker one module, then another as soon as its module has two tests
 #: left (test_dags_join_job's one test leaves its worker free for the next at once)
-LONGEST = ("test_dags", "test_dags_join_job", "test_cluster_airflow", "test_engine_live")
+LONGEST = ("test_dags", "test_dags_join_job", "test_ui_browser", "test_cluster_airflow", "test_engine_live")
 
 
 def pytest_collection_modifyitems(config, items):

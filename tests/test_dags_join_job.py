@@ -1,6 +1,8 @@
 """The streaming join job's lifecycle through mjoin_join_job, with real Airflow (`airflow dags test`) and a real
-spark-submit, and a continuous-mode mjoin_reoptimize run while the job runs. The same setup as test_dags.py
-(dags_world.py) in its own Airflow home and lake."""
+spark-submit, and a continuous-mode mjoin_reoptimize run while the job runs; then production as it runs: the job
+started through a real scheduler, a real-time feed, and mjoin_reoptimize's scheduled runs re-optimizing it in
+continuous mode (mode auto) period after period. The same setup as test_dags.py (dags_world.py) in its own Airflow
+home and lakes."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -122,3 +125,105 @@ def test_join_job_lifecycle_and_continuous_reoptimization(world):
     assert status.returncode == 0 and f"join job of {QUERY}: stopped" in status.stdout
     status_run = next(r for r in list_runs(env, "mjoin_join_job") if r["logical_date"].startswith("2026-02-01T00:20"))
     assert task_states(env, "mjoin_join_job", status_run["run_id"])["run_join_job"] == "skipped"
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    """A Spark Connect server (python -m mjoin spark-connect) for collect_statistics (MJOIN_SPARK_REMOTE)."""
+    from mjoin.runtime import connect_server
+    from mjoin.runtime.resources import Resources
+
+    folder = tmp_path_factory.mktemp("connect")
+    info = connect_server.start(folder, 0, Resources(spark_master="local[2]", shuffle_partitions=4),
+                                driver_memory="1g")
+    yield info
+    connect_server.stop(folder)
+
+
+def _stats_summary(lake, end: str) -> dict:
+    """The statistics job's own summary of the run whose interval ends at ``end``."""
+    from mjoin.model.timeutil import parse_time
+    from mjoin.stats.history import RUNS_DIR, history_root, query_dir
+
+    folder = fsutil.join(query_dir(history_root(lake), QUERY), RUNS_DIR)
+    name = next(n for n in fsutil.listdir(folder) if n.endswith(f"-{int(parse_time(end).timestamp())}.json"))
+    return json.loads(fsutil.read_text(fsutil.join(folder, name)))
+
+
+def test_scheduled_runs_reoptimize_the_running_streaming_job(world, connect):
+    """Production: the streaming join job runs (started by mjoin_join_job through the scheduler), a real-time feed
+    lands into the lake, and mjoin_reoptimize runs on its schedule (1-minute periods, unaligned logical dates) with
+    the default params. Every scheduled run resolves mode auto to continuous: it skips `join` (which would be
+    refused: the job holds the query), its statistics run in the Spark Connect server's session, and it deploys
+    (the job switches to the new version at its next batch) or reports no change, for several periods, the job
+    running all along. Runs that overran their period leave no cycle uncovered: each run starts where the one
+    before it ended."""
+    from mjoin.engine.control import JobControl
+    from mjoin.engine.metrics import read_metrics
+    from mjoin.lake.registry import PlanRegistry
+    from mjoin.loop.ui import read_outcomes
+    from mjoin.model.timeutil import parse_time
+
+    from mjoin.loop.airflow_env import airflow_cmd
+
+    from airflow_helpers import LiveFeed, api, services
+
+    lake = Lake(str(world["root"] / "lake_scheduled"))
+    airflow_cmd(["dags", "pause", "mjoin_reoptimize"], world["env"], capture=True)  # until the job runs
+    control = JobControl(lake, QUERY)
+    feed = LiveFeed(lake.root, world["root"] / "live_scheduled", sf=0.01, cycle=10, chunk="10m", backlog="3m").start()
+    env = {**world["env"], "MJOIN_LAKE": lake.root, "MJOIN_SPARK_REMOTE": connect["url"]}
+    try:
+        with services(env, world["root"]) as (senv, port):
+            runs = "/api/v2/dags/mjoin_reoptimize/dagRuns"
+            api(port, "/api/v2/dags/mjoin_join_job/dagRuns", senv, "POST",
+                {"logical_date": None, "conf": {"action": "start", "interval": 5}})
+            st = control.wait_running(timeout=400, poll=2)
+            assert st["running"] and st["trigger"] == "processingTime", st
+            started = parse_time(st["started_at"])
+            api(port, "/api/v2/dags/mjoin_reoptimize", senv, "PATCH", {"is_paused": False})
+            deadline = time.monotonic() + 1200
+            scheduled = []
+            while time.monotonic() < deadline:
+                outcomes = [o for o in read_outcomes(lake, QUERY) if o["run_type"] == "scheduled"
+                            and parse_time(o["recorded_at"]) > started]
+                scheduled = [o for o in outcomes if o["mode"] == "continuous"]
+                if len(scheduled) >= 3 or any(o["status"] not in ("deployed", "no_change") for o in outcomes):
+                    break
+                time.sleep(5)
+            api(port, "/api/v2/dags/mjoin_reoptimize", senv, "PATCH", {"is_paused": True})
+            running_during = control.status()
+            api(port, "/api/v2/dags/mjoin_join_job/dagRuns", senv, "POST",
+                {"logical_date": None, "conf": {"action": "stop", "stop_timeout": 120}})
+            stopped = control.wait_stopped(180)
+            until = time.monotonic() + 180  # the start run's task ends with the job, then Airflow records it
+            while time.monotonic() < until:
+                job_runs = api(port, "/api/v2/dags/mjoin_join_job/dagRuns?order_by=run_after", senv)["dag_runs"]
+                if all(r["state"] in ("success", "failed") for r in job_runs):
+                    break
+                time.sleep(3)
+            listed = {r["dag_run_id"]: r["state"] for r in api(port, f"{runs}?limit=100", senv)["dag_runs"]}
+    finally:
+        feed.stop()
+    assert feed.error is None, feed.error
+    described = [(o["logical_date"], o["mode"], o["status"], o.get("reason")) for o in outcomes]
+    assert len(scheduled) >= 3 and all(o["status"] in ("deployed", "no_change") for o in scheduled), described
+    assert running_during["running"] and running_during["pid"] == st["pid"]  # one job, running all along
+    assert not stopped["running"] and stopped["state"] == "stopped", stopped
+    assert [r["state"] for r in job_runs[-2:]] == ["success", "success"]  # start: its task lasted as long as the job
+    for o in scheduled:
+        at = parse_time(o["logical_date"])
+        assert at.microsecond or at.second % 10, o["logical_date"]  # a scheduled run's unaligned logical date
+        assert o["mode_reason"].startswith("mode auto: the streaming join job") and listed[o["run_id"]] == "success"
+        assert o["tasks"]["join"] == "skipped" and o["tasks"]["collect_statistics"] == "success", o["tasks"]
+        assert _stats_summary(lake, o["interval_end"])["spark"]["session"] == "connect"
+        if o["status"] == "deployed":
+            assert o["switch"]["outcome"] == "switched" and o["switch"]["version"] == o["version"]
+    # every cycle from the first scheduled run's start to the last one's end is covered by a run: a run that
+    # overran its period made the next one start where it ended (caught up), nothing is left as a gap
+    for a, b in zip(scheduled, scheduled[1:]):
+        assert b["interval_start"] <= a["interval_end"] and not b["gap"], (a, b)
+    deployed = [o for o in scheduled if o["status"] == "deployed"]
+    versions = {m.get("plan_version") for m in read_metrics(lake, QUERY)}
+    assert {o["version"] for o in deployed} <= versions  # the job ran every version deployed
+    assert PlanRegistry(lake, QUERY).active_version() is not None

@@ -43,6 +43,11 @@ def test_evaluate_two_intervals_every_strategy_and_the_oracle(spark, seed_query,
     partitioned = {r["strategy"] for r in res.rows if r["partitioning"]}
     assert all(s["regret_estimated"] >= -1e-9 for name, s in by.items() if name not in partitioned)
     assert any(s["regret_estimated"] > 0 for s in by.values())  # fixed order from the spec is not optimal here
+    # ranked by the engine's CPU, measured in 3 rounds (the default): the median of the rounds' totals, their spread
+    assert all(s["rounds"] == 3 and 0 < s["engine_cpu_min"] <= s["engine_cpu_seconds"] <= s["engine_cpu_max"]
+               for s in res.summary)
+    cpu = [s["engine_cpu_seconds"] for s in res.summary]
+    assert cpu == sorted(cpu) and all(len(r["engine_cpu_rounds"]) == 3 for r in res.rows)
     # forecast vs actual: lambda per stream and gamma/mu per edge, per interval
     assert {x["statistic"] for x in res.series} == {"lambda", "gamma", "mu"}
     assert any(x["actual"] is not None and x["forecast"] is not None for x in res.series if x["interval"] == 1)
@@ -54,5 +59,6 @@ def test_evaluate_two_intervals_every_strategy_and_the_oracle(spark, seed_query,
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     page = open(os.path.join(out, "index.html")).read()
     assert all(f'src="{p}"' in page for p in plots) and "regret_estimated" in page
+    assert "Ranked by the engine's CPU" in page and "engine_cpu_spread" in page
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert {s["strategy"] for s in summary["summary"]} == set(STRATEGIES)

@@ -51,6 +51,10 @@ def test_plugin_needs_a_logged_in_user_and_serves_only_report_files(tmp_path):
     os.makedirs(os.path.dirname(raw))
     with open(raw, "wb") as f:
         f.write(b"PAR1 raw stream bytes")
+    evaluation = os.path.join(Lake(lake.root, "eval/evaluate").reports(QUERY), "evaluation")
+    os.makedirs(evaluation)
+    with open(os.path.join(evaluation, "index.html"), "w") as f:
+        f.write("<html>an evaluation namespace's report</html>")
     secret = os.path.join(lake.root, "secret.txt")
     with open(secret, "w") as f:
         f.write("not a report")
@@ -75,6 +79,21 @@ def test_plugin_needs_a_logged_in_user_and_serves_only_report_files(tmp_path):
         assert status == 200 and b"the evaluation report" in body
         status, _, body = _get(port, f"/mjoin/reports/{QUERY}/index.html", {"Cookie": f"_token={token}"})
         assert status == 200 and b"the evaluation report" in body  # the UI's session cookie
+
+        # files of a listed lake's namespace; an unlisted lake or namespace is a 404
+        status, _, body = _get(port, f"/mjoin/files/live/eval~evaluate/{QUERY}/evaluation/index.html", auth)
+        assert status == 200 and b"an evaluation namespace's report" in body
+        status, _, body = _get(port, f"/mjoin/files/live/live/{QUERY}/index.html", auth)
+        assert status == 200 and b"the evaluation report" in body
+        for path in (f"/mjoin/files/nope/live/{QUERY}/index.html", f"/mjoin/files/live/eval~nope/{QUERY}/index.html",
+                     f"/mjoin/files/live/eval~..%2F..%2Fsecret.txt/{QUERY}/x", "/mjoin/?lake=nope",
+                     f"/mjoin/files/live/live/{QUERY}/..%2F..%2Fsecret.txt"):
+            status, _, body = _get(port, path, auth)
+            assert status in (400, 404) and b"not a report" not in body, (path, status, body)
+        status, _, _ = _get(port, f"/mjoin/files/live/eval~evaluate/{QUERY}/evaluation/index.html")
+        assert status == 401
+        status, _, body = _get(port, "/mjoin/?ns=eval~evaluate", auth)
+        assert status == 200 and b"eval/evaluate" in body
 
         # `query` is validated: `..` (plain or percent-encoded), unknown names, escapes by `name`
         rel = os.path.relpath(raw, lake.root)

@@ -20,7 +20,8 @@ DESCRIPTION = """Start `airflow standalone` with the project's environment: AIRF
 Spark connection spark_default -> local[*]. The UI is on http://localhost:PORT; log in
 as admin with the password the simple auth manager writes to
 $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated (printed below once it exists).
-Runs made by `make demo` (airflow dags test) are visible here. Stop with Ctrl-C.
+Runs made by `make demo` (airflow dags test, DAG mjoin_demo) are visible here, its lake on the
+mjoin page. Stop with Ctrl-C (or SIGTERM): Airflow and the feed stop within about 6 s.
 With --live (what `make airflow` does), a real-time TPC-DS replay lands into the lake the DAGs
 read from now on (`python -m mjoin live`, log in $AIRFLOW_HOME/live.log), so the scheduled
 mjoin_reoptimize runs (DAGs are not paused at creation here) have data; without it the DAGs
@@ -71,20 +72,24 @@ def run(args) -> int:
         if was == "running":
             server = None  # someone else's: leave it running
     try:
-        _standalone(env)
+        _standalone(env, [feed] if feed is not None else [])
     finally:
-        if feed is not None:
-            _stop(feed)
         if server is not None:
             connect_server.stop()
     return 0
 
 
-def _standalone(env: dict) -> None:
-    """``airflow standalone`` in its own process group until it exits, or Ctrl-C / SIGTERM here: then the whole
-    group gets SIGINT (what a terminal's Ctrl-C does), 30 s to stop, then SIGTERM, then SIGKILL. Measured:
-    standalone itself may hang reaping its components, or exit leaving them running, so the group is signalled,
-    and the feed and the Spark Connect server stop after it in any case."""
+#: seconds Airflow's components and the feed get to stop after Ctrl-C or SIGTERM before they are killed: a stop
+#: takes at most this plus a moment (Airflow's own graceful stop waited for its components for ~30-90 s)
+STOP_GRACE = 6.0
+
+
+def _standalone(env: dict, others: list) -> None:
+    """``airflow standalone`` in its own process group until it exits, or Ctrl-C / SIGTERM here. Then, at once,
+    the whole group gets SIGTERM (each component stops itself; a task's spark-submit is in the group too) and
+    ``others`` (the feed, in groups of their own) SIGINT (the feed stops between two cycles); whatever is left
+    after :data:`STOP_GRACE` seconds is killed. A task cut short is the scheduler's to clean up when it starts again;
+    the lake stays consistent (every landed cycle, plan version and batch is written atomically)."""
     def interrupted(*_):
         raise KeyboardInterrupt
 
@@ -94,18 +99,29 @@ def _standalone(env: dict) -> None:
     try:
         proc.wait()
     except KeyboardInterrupt:
-        for sig, grace in ((signal.SIGINT, 30), (signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _group_alive(proc.pid):
-                proc.poll()
-                time.sleep(0.5)
-            if not _group_alive(proc.pid):
-                break
-        proc.poll()
+        print(f"\nstopping Airflow{' and the feed' if others else ''} (at most {STOP_GRACE:.0f} s)...", flush=True)
+    groups = [(proc.pid, signal.SIGTERM)] + [(p.pid, signal.SIGINT) for p in others]
+    for pgid, sig in groups:
+        _signal(pgid, sig)
+    deadline = time.monotonic() + STOP_GRACE
+    while time.monotonic() < deadline and any(_group_alive(g) for g, _ in groups):
+        for p in [proc, *others]:
+            p.poll()  # reap the leaders, so that a stopped group counts as gone
+        time.sleep(0.2)
+    for pgid, _ in groups:
+        _signal(pgid, signal.SIGKILL)
+    for p in [proc, *others]:
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -128,11 +144,3 @@ def _start_feed(env: dict, sf: float):
     return proc
 
 
-def _stop(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGINT)  # stops between cycles: every landed cycle is complete
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)

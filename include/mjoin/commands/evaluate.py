@@ -17,7 +17,9 @@ DESCRIPTION = """For each interval of [--from, --to) (length --period), build th
 strategy from statistics known before the interval (Holt forecast; last value for
 dppick_nosmooth), and the hindsight oracle's plan from the interval's own statistics;
 run every distinct plan with the engine's interval evaluation on the same data and
-measure it (probe work = lookups + matches, engine seconds). exact_pmjoin and
+measure it, --repeats rounds (engine CPU, probe work = lookups + matches, engine
+seconds); the summary ranks the strategies by their engine CPU (the median over the
+rounds of the total over the intervals, min-max beside it). exact_pmjoin and
 oracle_pmjoin choose PMJoin key groups (rule and D) as the re-optimization loop does;
 the last column says how many groups each interval's plan had. Writes a table, a
 summary and an HTML report with plots to <lake>/<namespace>/reports/<query>/evaluation/."""
@@ -39,7 +41,9 @@ def add_arguments(p):
     p.add_argument("--cost-model", default="", help="calibrated cost model JSON")
     p.add_argument("--stats-mode", choices=("exact", "sketch"), default="exact")
     p.add_argument("--reuse-stats", action="store_true", help="reuse the namespace's statistics history")
-    p.add_argument("--repeats", type=int, default=1, help="runs per distinct plan (median kept)")
+    p.add_argument("--repeats", type=int, default=EvalConfig.repeats,
+                   help="rounds: runs of every distinct plan per interval; the summary ranks by the median engine CPU, "
+                        "with the rounds' spread (default %(default)s)")
     p.add_argument("--buckets", type=int, default=0, help="engine key buckets (default: engine default)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -18,8 +18,11 @@ For every interval ``[t_k, t_k + period)`` of ``[start, end)``:
   attribute classes, or without per-cell statistics, get one group (noted);
 - every distinct plan is run by the engine's interval evaluation
   (``mjoin.engine.interval.run_interval_plans``: input read once, state built from the
-  window before ``t_k``), and its cost measured: wall time of the batches, time
-  in the probe steps, and the deterministic probe work (lookups and matches);
+  window before ``t_k``), ``repeats`` rounds (3 by default), and its cost measured: the engine's
+  CPU time (its tasks' CPU, what other processes on a shared machine do not inflate), wall time
+  of the batches, time in the probe steps, and the deterministic probe work (lookups and
+  matches). The summary ranks the strategies by their engine CPU: per round the total over the
+  intervals, the median over rounds, with the rounds' spread (min, max) beside it;
 - results must be identical for every plan (same multiset size): checked.
 
 The table (Parquet + CSV), the summary and an HTML report with plots go to
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -86,7 +90,8 @@ class EvalConfig:
     cost_model: str = ""
     stats_mode: str = "exact"
     reuse_stats: bool = False
-    repeats: int = 1
+    #: rounds: every distinct plan of an interval runs this often; the report ranks by the median CPU, with spread
+    repeats: int = 3
     buckets: int = 0  # engine key buckets (0: engine default)
 
     def __post_init__(self):
@@ -113,6 +118,18 @@ class EvalResult:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+#: an evaluation without a range covers this many periods before its run (mjoin_evaluate with the defaults)
+RECENT_INTERVALS = 6
+
+
+def recent_range(start, end, at, period: float, cycle: float) -> tuple[str, str]:
+    """The range to evaluate: ``[start, end)`` as given; an empty ``end`` is the last cycle boundary at or before
+    ``at`` (the run's time), an empty ``start`` :data:`RECENT_INTERVALS` periods before the end."""
+    e = parse_time(end) if end else parse_time(math.floor(round(parse_time(at).timestamp(), 6) / cycle) * cycle)
+    s = parse_time(start) if start else e - timedelta(seconds=RECENT_INTERVALS * parse_duration(period))
+    return iso(s), iso(e)
 
 
 def intervals(cfg: EvalConfig) -> list[tuple]:
@@ -233,11 +250,14 @@ def partitioned_plans(query, cfg: EvalConfig, root: str, t, t_end, cost_model, b
 
 
 def _work(metrics: list[dict]) -> dict:
-    """Probe work and time of a run, summed over batches, chains and steps (from the engine's metrics)."""
+    """Probe work and time of a run, summed over batches, chains and steps (from the engine's metrics); the engine's
+    CPU is its tasks' CPU time (``task_cpu_seconds``; a record without it: its chains')."""
     lookups = matches = 0
-    probe = materialise = batch = 0.0
+    probe = materialise = batch = cpu = 0.0
     for m in metrics:
         batch += float(m.get("wall_seconds") or 0)
+        chain_cpu = sum(float(c.get("cpu_seconds") or 0) for c in m.get("chains", []))
+        cpu += float(m["task_cpu_seconds"]) if m.get("task_cpu_seconds") is not None else chain_cpu
         for c in m.get("chains", []):
             materialise += float(c.get("materialise_seconds") or 0)
             for st in c.get("steps", []):
@@ -245,7 +265,7 @@ def _work(metrics: list[dict]) -> dict:
                 matches += int(st.get("matches") or 0)
                 probe += float(st.get("seconds") or 0)
     return {"lookups": lookups, "matches": matches, "probe_work": lookups + matches, "probe_seconds": probe,
-            "materialise_seconds": materialise, "batch_seconds": batch}
+            "materialise_seconds": materialise, "batch_seconds": batch, "engine_cpu_seconds": cpu}
 
 
 def evaluate(spark, cfg: EvalConfig) -> EvalResult:
@@ -305,7 +325,8 @@ def evaluate(spark, cfg: EvalConfig) -> EvalResult:
                                                                                      "before"), plan, model),
                 "estimated_cost_oracle": _safe_cost(plan_cost, query, _as_groups(oracle, plan, root, query, t, t_end,
                                                                                    "inside"), plan, model),
-                "result_rows": runs[0][0].result_rows, "repeats": len(runs), "note": why, **med})
+                "result_rows": runs[0][0].result_rows, "repeats": len(runs), "note": why, **med,
+                "engine_cpu_rounds": [w["engine_cpu_seconds"] for _, w in runs]})
         log.info("interval %d/%d %s: %d plans for %d strategies x %d orders", k + 1, len(spans), iso(t), len(unique),
                  len(cfg.strategies), len(orders))
     summary = summarize(rows)
@@ -347,10 +368,12 @@ def _as_groups(stats, plan, root, query, t, t_end, which):
 
 
 def _median_run(runs) -> dict:
-    """The run with the median batch time among repeats (its work counters are the same for all)."""
+    """The run with the median batch time among repeats (its work counters are the same for all), with the median
+    engine CPU over the repeats."""
+    cpu = statistics.median(w["engine_cpu_seconds"] for _, w in runs)
     runs = sorted(runs, key=lambda sw: sw[1]["batch_seconds"])
     summ, work = runs[len(runs) // 2]
-    return {**work, "wall_seconds": summ.wall_seconds}
+    return {**work, "engine_cpu_seconds": cpu, "wall_seconds": summ.wall_seconds}
 
 
 def _safe_cost(plan_cost, query, stats, plan, model):
@@ -386,8 +409,13 @@ def forecast_vs_actual(query, k: int, t, fc, lv, oracle) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (initial order, strategy): totals over intervals and the regret against the oracle.
+    """Per (initial order, strategy): totals over intervals and the regret against the oracle, ranked by the engine's
+    measured CPU.
 
+    ``engine_cpu_seconds``: per round, the CPU of the strategy's plans summed over the intervals; the median over the
+    rounds (``engine_cpu_min``, ``engine_cpu_max``: the rounds' spread; ``rounds``: how many). The summary is sorted
+    by it (then by probe work): what the plans cost on this machine, measured, with the deterministic probe work
+    (lookups + matches) beside it.
     ``regret_work``: measured probe work minus the oracle plan's, summed over intervals (can be
     negative: the cost model is a model, so a plan it ranks worse may measure a little less);
     ``regret_estimated``: the plan's cost minus the oracle plan's, both under the interval's own
@@ -398,11 +426,13 @@ def summarize(rows: list[dict]) -> list[dict]:
         a = acc.setdefault((r["initial_order"], r["strategy"]), {
             "initial_order": r["initial_order"], "strategy": r["strategy"], "intervals": 0, "batch_seconds": 0.0,
             "probe_seconds": 0.0, "probe_work": 0, "lookups": 0, "matches": 0, "regret_work": 0,
-            "regret_estimated": 0.0, "plan_changes": 0, "key_groups": [], "_last": None})
+            "regret_estimated": 0.0, "plan_changes": 0, "key_groups": [], "_last": None, "_rounds": []})
         a["intervals"] += 1
         a["key_groups"].append(int(r.get("key_groups") or 1))  # per interval: how many groups its plan had
         for f in ("batch_seconds", "probe_seconds", "probe_work", "lookups", "matches"):
             a[f] += r[f]
+        per_round = r.get("engine_cpu_rounds") or [r.get("engine_cpu_seconds") or 0.0]
+        a["_rounds"] = [x + y for x, y in zip(a["_rounds"], per_round)] if a["_rounds"] else list(per_round)
         o = oracle.get((r["initial_order"], r["interval"]))
         if o is not None:
             a["regret_work"] += r["probe_work"] - o["probe_work"]
@@ -415,5 +445,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for a in acc.values():
         a.pop("_last")
+        rounds = a.pop("_rounds")
+        a.update(engine_cpu_seconds=statistics.median(rounds), engine_cpu_min=min(rounds),
+                 engine_cpu_max=max(rounds), rounds=len(rounds))
         out.append(a)
-    return sorted(out, key=lambda a: (a["initial_order"], a["probe_work"]))
+    return sorted(out, key=lambda a: (a["initial_order"], a["engine_cpu_seconds"], a["probe_work"]))

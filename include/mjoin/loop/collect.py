@@ -9,13 +9,14 @@ import math
 import time
 from datetime import datetime, timedelta, timezone
 
+from mjoin.engine.control import JobControl
 from mjoin.engine.quarantine import job_report
 from mjoin.gates.input import check_input as input_gate, first_arrival
 from mjoin.gates.stats import check_statistics as statistics_gate
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
-from mjoin.loop.config import (LoopConfig, NoChange, StepFailed, finish_gate, interval_for, run_dir, stats_root,
-                               write_doc)
+from mjoin.loop.config import (LoopConfig, NoChange, StepFailed, covered_until, finish_gate, interval_for, run_dir,
+                               stats_root, write_doc)
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.model.timeutil import iso, parse_time
 from mjoin.runtime import fsutil
@@ -31,7 +32,13 @@ def lands_itself(cfg: LoopConfig) -> bool:
 
 
 def prepare(cfg: LoopConfig, logical_date) -> dict:
-    """Resolve the interval (whole cycles, see :func:`interval_for`) and run folder; the Spark job arguments.
+    """Resolve the mode (:func:`resolve_mode`), the interval (whole cycles, see :func:`interval_for`; from
+    ``interval_end`` if given, else the logical date) and run folder; the Spark job arguments.
+
+    No cycle is skipped silently: when the newest earlier run of the namespace ended before this interval starts
+    (a run overran its period, so Airflow made no run for the periods in between; Airflow was stopped), the
+    interval starts where that run ended, at most ``catch_up`` seconds before its end; landed cycles before
+    that are a ``gap``, reported in the outcome and on the mjoin page (:func:`coverage`).
 
     On a lake fed from outside (not :func:`lands_itself`) the interval starts no earlier than the first
     cycle landed for the query (a cycle before the feed began is not a cycle of missing data; an interval
@@ -39,7 +46,9 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
     the statistics history lacks (up to ``L`` cycles), so a fresh deployment's first run already has the
     history its forecast needs."""
     query = cfg.load_query()
-    start, end = interval_for(logical_date, cfg.period, cfg.cycle)
+    cfg.mode, mode_reason = resolve_mode(cfg, query)
+    start, end = interval_for(cfg.judged_at(logical_date), cfg.period, cfg.cycle)
+    start, covered = coverage(cfg, query, start, end)
     clipped, stats_from, skip = None, start, None
     if not lands_itself(cfg):
         began = first_cycle(cfg, query)
@@ -56,15 +65,62 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
     folder = run_dir(cfg, query.name, end)
     fsutil.makedirs(folder)
     ctx = {"query": query.name, "start": iso(start), "end": iso(end), "run_dir": folder, "namespace": cfg.namespace,
-           "lake": cfg.lake, "mode": cfg.mode, "logical_date": iso(logical_date), "clipped_from": clipped,
-           "stats_from": iso(stats_from), "skip": skip, "prepared_at": iso(datetime.now(timezone.utc)),
-           "config": cfg.to_json()}
+           "lake": cfg.lake, "mode": cfg.mode, "mode_reason": mode_reason, "logical_date": iso(logical_date),
+           "clipped_from": clipped, "coverage": covered, "stats_from": iso(stats_from), "skip": skip,
+           "prepared_at": iso(datetime.now(timezone.utc)), "config": cfg.to_json()}
     ctx["join_args"] = join_args(cfg, query, start, end, folder)
     ctx["stats_args"] = stats_args(cfg, query, stats_from, end)
+    ctx["join_stats_args"] = ctx["join_args"] + ["--stats"] + ctx["stats_args"]  # cycle mode: one spark-submit
     write_doc(fsutil.join(folder, "context.json"), ctx)
-    log.info("re-optimization of %s for [%s, %s) (logical date %s%s) in %s", query.name, ctx["start"], ctx["end"],
-             ctx["logical_date"], f"; starts at the first landed cycle, not {clipped}" if clipped else "", folder)
+    log.info("re-optimization of %s for [%s, %s) (logical date %s%s), %s mode (%s), in %s", query.name, ctx["start"],
+             ctx["end"], ctx["logical_date"], f"; starts at the first landed cycle, not {clipped}" if clipped else "",
+             cfg.mode, mode_reason, folder)
+    if covered.get("gap"):
+        log.warning("%s", covered["gap"]["message"])
     return ctx
+
+
+def resolve_mode(cfg: LoopConfig, query) -> tuple[str, str]:
+    """``(mode, why)``: ``auto`` is ``continuous`` while the streaming join job of the query runs in the run's
+    namespace (started by mjoin_join_job or ``python -m mjoin run --stream``; a cycle run's own join, trigger
+    ``availableNow``, is not one), else ``cycle``. An explicit ``cycle`` while that job runs fails here: its
+    join would be refused (the job holds the query)."""
+    st = JobControl(cfg.lake_, query.name).status()
+    streaming = bool(st.get("running")) and st.get("trigger") != "availableNow"
+    job = (f"the streaming join job of {query.name} runs (pid {st.get('pid')} since {st.get('started_at')}, "
+           f"trigger {st.get('trigger')})") if streaming else f"no streaming join job of {query.name} runs"
+    if cfg.mode == "auto":
+        return ("continuous" if streaming else "cycle"), f"mode auto: {job}"
+    if cfg.mode == "cycle" and streaming and not cfg.namespace:
+        raise StepFailed(f"mode cycle, but {job}: a cycle run's join would be refused; use mode auto (the default) or "
+                         f"continuous, or stop the job first (mjoin_join_job action=stop)")
+    return cfg.mode, f"mode {cfg.mode} (a param)"
+
+
+def coverage(cfg: LoopConfig, query, start: datetime, end: datetime) -> tuple[datetime, dict]:
+    """``(start, coverage)``: where the run's interval starts so that it also covers the cycles no earlier run of the
+    namespace covered, and what it did: ``caught_up_from`` (the interval's own start, when it starts earlier),
+    ``previous_end`` (the newest earlier run's interval end) and ``gap`` (cycles with landed data before
+    ``end - catch_up`` that no run covers: its bounds, cycle count and a message), or None."""
+    prev = covered_until(cfg, query.name, end)
+    out = {"previous_end": iso(prev) if prev else None, "caught_up_from": None, "gap": None}
+    if prev is None or prev >= start:
+        return start, out
+    lo = min(start, max(prev, end - timedelta(seconds=cfg.catch_up)))
+    if lo < start:
+        out["caught_up_from"] = iso(start)
+        log.info("the previous run of %s ended at %s: this run also covers [%s, %s)", query.name, iso(prev), iso(lo),
+                 iso(start))
+    if prev < lo:
+        lake = Lake(cfg.lake)
+        landed = sorted({a for src in {s.source for s in query.streams} for a in lake.arrivals(src)
+                         if prev.timestamp() <= a < lo.timestamp()})
+        if landed:
+            cycles = len({math.floor(a / cfg.cycle) for a in landed})
+            out["gap"] = {"from": iso(prev), "to": iso(lo), "cycles": cycles,
+                          "message": f"gap: {cycles} landed cycle(s) in [{iso(prev)}, {iso(lo)}) were covered by no run "
+                                     f"(more than {cfg.catch_up:.0f} s before this interval's end: not caught up)"}
+    return lo, out
 
 
 def first_cycle(cfg: LoopConfig, query) -> datetime | None:
@@ -218,7 +274,8 @@ def read_stats_history(cfg: LoopConfig, query, start=None, end=None):
 
 def check_statistics(cfg: LoopConfig, ctx: dict) -> dict:
     query = cfg.load_query()
-    start = parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle)
+    # the last L cycles, and the whole interval when it is longer (a run that caught up on missed cycles)
+    start = min(parse_time(ctx["end"]) - timedelta(seconds=cfg.length * cfg.cycle), parse_time(ctx["start"]))
     history = read_stats_history(cfg, query, start=start, end=ctx["end"])
     result = statistics_gate(query, history, ctx["start"], ctx["end"], cfg.cycle, config=cfg.gate_config())
     return finish_gate(result, ctx, "stats")

@@ -7,7 +7,7 @@ import logging
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from mjoin.gates.config import GateConfig
 from mjoin.lake.layout import Lake
@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 
 BACKFILL_NAMESPACE = "eval/backfill"
+MODES = ("auto", "cycle", "continuous")
+#: how far back a run covers the cycles that no earlier run covered (runs that overran their period, Airflow
+#: stopped for a while): older cycles with landed data are reported as a gap in the run's outcome
+CATCH_UP_SECONDS = 3600.0
 
 
 class StepFailed(RuntimeError):
@@ -51,7 +55,12 @@ class LoopConfig:
     period: float = 300.0  # the re-optimization period (the DAG schedule), seconds
     improvement_threshold: float | None = None  # None: GateConfig's default (resolved in from_params)
     dry_run: bool = False
-    mode: str = "cycle"  # cycle | continuous
+    #: auto: continuous while the streaming join job of the query runs, else cycle (resolved by prepare)
+    mode: str = "auto"  # auto | cycle | continuous
+    #: the end of the interval the run judges, instead of its logical date (the demo replays a simulated clock)
+    interval_end: str = ""
+    #: at most this far back before the interval a run covers cycles no earlier run covered
+    catch_up: float = CATCH_UP_SECONDS
     workload: str = ""  # cycle mode: land each interval from this generated workload
     initial_order: list = field(default_factory=list)
     cost_model: str = ""  # path of a calibrated cost model JSON ("" = <lake>/.../cost_model.json if present)
@@ -73,7 +82,7 @@ class LoopConfig:
     def from_params(cls, params: dict, *, run_id: str = "", run_type: str = "manual") -> "LoopConfig":
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in (params or {}).items() if k in known and v is not None}
-        for k in ("cycle", "period", "deploy_timeout", "landing_allowance"):
+        for k in ("cycle", "period", "deploy_timeout", "landing_allowance", "catch_up"):
             if k in values:
                 values[k] = parse_duration(values[k])
         if isinstance(values.get("initial_order"), str):
@@ -85,15 +94,17 @@ class LoopConfig:
         cfg = cls(**values, run_id=run_id, run_type=run_type)
         if not cfg.lake:
             cfg.lake = Resources.from_env().lake
-        if cfg.mode not in ("cycle", "continuous"):
-            raise ValueError(f"mode {cfg.mode!r}: use cycle or continuous")
+        if cfg.mode not in MODES:
+            raise ValueError(f"mode {cfg.mode!r}: use {', '.join(MODES)}")
+        if cfg.interval_end:
+            cfg.interval_end = iso(parse_time(cfg.interval_end))  # a bad date fails here, at prepare
         cfg._check_partitioning()
         if run_type == "backfill":
             if not cfg.namespace:
                 cfg.namespace = BACKFILL_NAMESPACE
-            if cfg.mode != "cycle":
+            if cfg.mode == "continuous":
                 log.warning("backfill run: mode %s ignored, a backfill always runs in cycle mode", cfg.mode)
-                cfg.mode = "cycle"
+            cfg.mode = "cycle"
         cfg._resolve_gates()
         if cfg.period < cfg.cycle or cfg.cycle <= 0:
             raise ValueError(f"period ({cfg.period} s) must be at least one statistics cycle ({cfg.cycle} s)")
@@ -141,6 +152,17 @@ class LoopConfig:
     def to_json(self) -> dict:
         return asdict(self)
 
+    def for_run(self, ctx: dict | None) -> "LoopConfig":
+        """This config with what ``prepare`` resolved for the run (its ``ctx``): the mode ``auto`` became."""
+        mode = (ctx or {}).get("mode")
+        if self.mode == "auto" and mode in ("cycle", "continuous"):
+            self.mode = mode
+        return self
+
+    def judged_at(self, logical_date):
+        """The time the run's interval ends at (before snapping to cycles): ``interval_end``, else the logical date."""
+        return self.interval_end or logical_date
+
     # ---- derived -----------------------------------------------------------------
     @property
     def lake_(self) -> Lake:
@@ -183,6 +205,25 @@ def run_dir(cfg: LoopConfig, query_name: str, end) -> str:
         if owner and owner != cfg.run_id:
             folder = fsutil.join(runs, f"{stamp}.{re.sub(r'[^A-Za-z0-9_.-]+', '_', cfg.run_id)}")
     return folder
+
+
+STAMP = re.compile(r"^(\d{8}T\d{6}Z)(?:\.|$)")
+
+
+def covered_until(cfg: LoopConfig, query_name: str, end) -> datetime | None:
+    """The newest interval end before ``end`` that a run of this namespace recorded an outcome for (whatever its
+    status: a failed run is reported, not silent), or None: no run before this one."""
+    runs = fsutil.join(cfg.lake_.reports(query_name), "runs")
+    limit = parse_time(end).strftime("%Y%m%dT%H%M%SZ")
+    by_stamp: dict = {}
+    for name in fsutil.listdir(runs):
+        m = STAMP.match(name)
+        if m and m.group(1) < limit:
+            by_stamp.setdefault(m.group(1), []).append(name)
+    for stamp in sorted(by_stamp, reverse=True):
+        if any(fsutil.exists(fsutil.join(runs, name, "outcome.json")) for name in by_stamp[stamp]):
+            return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    return None
 
 
 def write_doc(path: str, doc) -> str:
@@ -228,7 +269,7 @@ def lenient_config(params: dict, *, run_id: str = "", run_type: str = "manual") 
     except ValueError as exc:
         problem = f"invalid params: {exc}"
     cfg = LoopConfig(run_id=run_id, run_type=run_type)
-    for name in ("query", "lake", "namespace", "mode"):
+    for name in ("query", "lake", "namespace", "mode", "interval_end"):
         if isinstance((params or {}).get(name), str) and params[name]:
             setattr(cfg, name, params[name])
     for name in ("cycle", "period"):
@@ -255,7 +296,7 @@ def fallback_context(cfg: LoopConfig, logical_date) -> dict:
     """The context of a run whose ``prepare`` failed: its interval and run folder, as prepare would have
     resolved them (best effort), so that its failure is recorded where its outcome belongs."""
     try:
-        start, end = interval_for(logical_date, cfg.period, cfg.cycle if cfg.cycle > 0 else None)
+        start, end = interval_for(cfg.judged_at(logical_date), cfg.period, cfg.cycle if cfg.cycle > 0 else None)
     except (TypeError, ValueError):
         start = end = parse_time(logical_date)
     name = query_name(cfg.query)

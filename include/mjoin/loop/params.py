@@ -28,6 +28,9 @@ STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dp
 EVAL_STRATEGY_NAMES = ("fixed", "selectivity_first", "greedy", "dppick", "exact", "dppick_query", "dppick_match",
                        "dppick_nosmooth", "oracle", "exact_pmjoin", "oracle_pmjoin")
 DEFAULT_QUERY = os.environ.get("MJOIN_QUERY", "tpcds_returns_by_address")
+#: the JSON-schema type of a text param whose empty value means "the default": Airflow's trigger form marks a
+#: param required (its Trigger button disabled while the field is empty) unless the type allows null
+OPTIONAL_TEXT = ["null", "string"]
 
 
 def query_choices() -> list[str]:
@@ -64,18 +67,25 @@ REOPTIMIZE_PARAMS = {
     "dry_run": (False, "boolean", {}, "optimize and gate, do not deploy"),
     "calibrate": (True, "boolean", {}, "refit the cost model's coefficients from the live join's newest batches "
                                        "before optimizing (a weak fit keeps the previous model)"),
-    "mode": ("cycle", "string", {"enum": ["cycle", "continuous"]},
-             "cycle: join each interval in this run (availableNow); continuous: a running join job hot-reloads "
-             "(backfill runs always use cycle)"),
+    "mode": ("auto", "string", {"enum": ["auto", "cycle", "continuous"]},
+             "auto: continuous while the streaming join job of the query runs (mjoin_join_job), else cycle; "
+             "cycle: join each interval in this run (availableNow); continuous: the running join job hot-reloads "
+             "the new plan (backfill runs always use cycle)"),
     "landing_allowance": (30, "integer", {"minimum": 0, "maximum": 86400},
                           "seconds after a cycle's end after which a source without a folder for it counts as having "
                           "no rows in it (a cycle every source has landed, or passed, is complete at once)"),
     "deploy_timeout": (600, "integer", {"minimum": 5, "maximum": 86400},
                        "continuous mode: seconds to wait for the running job to switch before rolling back"),
-    "workload": ("", "string", {}, "cycle mode: land each interval from this generated workload folder (demo)"),
-    "lake": ("", "string", {}, "lake root (empty: MJOIN_LAKE or the project's .lake)"),
-    "namespace": ("", "string", {}, "lake namespace (empty: live; backfills default to eval/backfill)"),
-    "initial_order": ("", "string", {}, "comma-separated stream order for the fixed strategy / the first plan"),
+    # optional text params: null (the form's empty field) means the default; a plain "string" type would make the
+    # UI's trigger form require text in them (Airflow marks a param required unless its type allows null)
+    "workload": (None, OPTIONAL_TEXT, {}, "cycle mode: land each interval from this generated workload folder "
+                                          "(empty: data lands by itself)"),
+    "lake": (None, OPTIONAL_TEXT, {}, "lake root (empty: MJOIN_LAKE or the project's .lake)"),
+    "namespace": (None, OPTIONAL_TEXT, {}, "lake namespace (empty: live; backfills default to eval/backfill)"),
+    "initial_order": (None, OPTIONAL_TEXT, {}, "comma-separated stream order for the fixed strategy / the first plan "
+                                               "(empty: the spec's order)"),
+    "interval_end": (None, OPTIONAL_TEXT, {}, "ISO-8601 end of the interval the run judges (empty: the run's logical "
+                                              "date; the demo replays its simulated clock with it)"),
 }
 
 
