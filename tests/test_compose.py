@@ -1,15 +1,23 @@
-"""docker-compose.yml against the code (no Docker engine runs here: the file is checked, not a running compose):
-service names, the Spark connection, the environment the code reads, the shared lake, ports, the native
-cluster's sizes, and no secret in the file."""
+"""The compose deployment (docker-compose.yml, docker/Dockerfile): first checked against the code (service names,
+the Spark connection, the environment the code reads, the shared lake, ports, the native cluster's sizes, the
+test-only host-network override, no secret in the files), then brought up for real by the test marked `compose`
+(`make test-compose`, where a Docker engine runs; skipped with the reason elsewhere): tests/compose_helpers.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
+from compose_helpers import NAME, Deployment, base_images, engine_problem
+from mjoin.lake.layout import Lake
+from mjoin.model.timeutil import parse_time
 from mjoin.runtime.cluster import ClusterConfig
 from mjoin.runtime.resources import Resources
 
@@ -114,3 +122,219 @@ def test_no_secrets_in_the_file_and_every_variable_in_env_example():
     assert all(v == "replace-me" for v in example.values())
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=PROJECT)
     assert ignored.returncode == 0, ".env must be git-ignored"
+
+
+# ---- the deployment brought up for real (marked `compose`: `make test-compose`) ------------------------------
+
+QUERY = "tpcds_returns_by_address"
+START = "2026-01-01T00:00:00Z"  # the replay's clock
+LANDED_MINUTES = 16  # arrival cycles landed: 16 simulated minutes of a 20-minute sf 0.1 replay, 10-s cycles
+BACKFILL = ("2026-01-01T00:10:00+00:00", "2026-01-01T00:15:00+00:00")  # two 5-minute periods: [5, 10), [10, 15)
+FILES_PER_BATCH = 48  # ~384 landed files: batches 0..7
+STREAM_NS, INTERVAL_OUT = "compose/stream", "/lake/compose/interval"
+MASTER_UI = "http://127.0.0.1:18081/json/"  # docker-compose.host.yml's ports
+API = "http://127.0.0.1:18080"
+
+
+def _http_json(url: str, method: str = "GET", body=None, token: str | None = None, timeout: float = 30):
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def _alive_workers() -> list[dict]:
+    return [w for w in _http_json(MASTER_UI)["workers"] if w["state"] == "ALIVE"]
+
+
+def _wait(what: str, check, timeout: float, every: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def compose_engine():
+    if not os.environ.get("MJOIN_COMPOSE_TEST"):
+        pytest.skip("the compose deployment is brought up by `make test-compose` (MJOIN_COMPOSE_TEST=1): it builds "
+                    "the image and runs the cluster in containers, minutes")
+    why = engine_problem()
+    if why:
+        pytest.skip(f"compose deployment not brought up: {why}")
+
+
+@pytest.mark.compose
+@pytest.mark.slow
+def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_down(compose_engine, tmp_path):
+    """What a user does, for real: `cp .env.example .env` (fresh secrets), `docker compose up -d --build` (the
+    local Debian bases and every service on the loopback: docker-compose.host.yml), every service healthy. Then,
+    in the containers: a TPC-DS sf 0.1 replay landed into the lake volume; mjoin_reoptimize backfilled over two
+    5-minute periods, run by the scheduler (LocalExecutor on PostgreSQL), each run's join and statistics
+    spark-submitted to the master, each run deployed or reporting no change; the streaming join job on the master
+    with both workers, every batch on the executors, the worker container running batch 1's task killed
+    (SIGKILL) while the task runs, started again; its results equal the interval run's (count and fingerprint).
+    Then `docker compose down -v` and nothing of the project is left."""
+    timings = {}
+    t = time.monotonic()
+    images = base_images()
+    timings["base images (cached when made before)"] = time.monotonic() - t
+    dep = Deployment(tmp_path / "mjoin", images, tmp_path / "compose.log")
+    stream_job = None
+    try:
+        # ---- up, as the user types it, and healthy
+        t = time.monotonic()
+        dep.up()
+        timings["up --build"] = time.monotonic() - t
+        t = time.monotonic()
+        dep.wait_healthy(set(SERVICES), timeout=900)
+        timings["up to healthy"] = time.monotonic() - t
+        health = _http_json(f"{API}/api/v2/monitor/health")
+        assert {k: v["status"] for k, v in health.items() if isinstance(v, dict) and "status" in v} == {
+            "metadatabase": "healthy", "scheduler": "healthy", "triggerer": "healthy", "dag_processor": "healthy"}
+        assert len(_alive_workers()) == 2
+        image = json.loads(subprocess.run(["docker", "image", "inspect", "mjoin:latest"], capture_output=True,
+                                          text=True, check=True).stdout)[0]
+        timings["image size (MB)"] = image["Size"] / 1e6
+        # no secret of .env in the image: not in its configuration, not among its files, and it runs as a user
+        env_values = [line.split("=", 1)[1] for line in (dep.dir / ".env").read_text().splitlines()
+                      if line and not line.startswith("#")]
+        history = subprocess.run(["docker", "image", "history", "--no-trunc", "mjoin:latest"], capture_output=True,
+                                 text=True, check=True).stdout
+        assert not [v for v in env_values if v in json.dumps(image) or v in history]
+        assert dep.exec("sh", "-c", "id -u; ls -A /opt/mjoin").stdout.split()[0] == "50000"
+        assert ".env" not in dep.exec("ls", "-A", "/opt/mjoin").stdout.split()
+
+        # ---- a landed TPC-DS sf 0.1 lake in the lake volume
+        t = time.monotonic()
+        dep.exec("python", "-m", "mjoin", "generate", "tpcds", "--sf", "0.1", "--duration", "20m", "--start", START,
+                 "--out", "/lake/workloads/tpcds")
+        dep.exec("python", "-m", "mjoin", "land", "--workload", "/lake/workloads/tpcds", "--lake", "/lake",
+                 "--until", f"+{LANDED_MINUTES}m")
+        timings["generate + land"] = time.monotonic() - t
+
+        # ---- mjoin_reoptimize on the scheduler: a backfill of two periods over the landed lake
+        token = _http_json(f"{API}/auth/token", "POST", {
+            "username": "admin", "password": json.loads(dep.exec(
+                "cat", "/opt/airflow/simple_auth_manager_passwords.json.generated", service="airflow-api").stdout)[
+                "admin"]})["access_token"]
+        _wait("mjoin_reoptimize parsed", lambda: _try(lambda: _http_json(
+            f"{API}/api/v2/dags/mjoin_reoptimize", token=token)), timeout=300)
+        apps_before = {a["id"] for a in _http_json(MASTER_UI)["completedapps"]}
+        conf = {"query": QUERY, "cycle": 10, "strategy": "exact"}
+        created = dep.exec("airflow", "backfill", "create", "--dag-id", "mjoin_reoptimize", "--from-date", BACKFILL[0],
+                           "--to-date", BACKFILL[1], "--dag-run-conf", json.dumps(conf)).stdout
+        assert created.count("Created backfill Dag run") == 2, created[-2000:]
+        # runs of a paused DAG do not start: unpaused for the backfill (its scheduled runs, on a live interval
+        # with no landed data, fail their input gate), paused again after it
+        dep.exec("airflow", "dags", "unpause", "mjoin_reoptimize")
+        t = time.monotonic()
+        runs_url = f"{API}/api/v2/dags/mjoin_reoptimize/dagRuns?limit=100"
+
+        def backfill_done():
+            runs = [r for r in _http_json(runs_url, token=token)["dag_runs"] if r["run_type"] == "backfill"]
+            return len(runs) == 2 and all(r["state"] in ("success", "failed") for r in runs) and runs
+
+        runs = _wait("the backfill's two runs finished", backfill_done, timeout=2400, every=15)
+        timings["backfill, 2 periods"] = time.monotonic() - t
+        dep.exec("airflow", "dags", "pause", "mjoin_reoptimize")
+        assert [r["state"] for r in runs] == ["success", "success"], runs
+        latencies = []
+        for r in runs:
+            tis = {ti["task_id"]: ti for ti in _http_json(
+                f"{API}/api/v2/dags/mjoin_reoptimize/dagRuns/{r['dag_run_id']}/taskInstances", token=token)[
+                "task_instances"]}
+            assert tis["join"]["state"] == tis["collect_statistics"]["state"] == "success", \
+                {k: v["state"] for k, v in tis.items()}
+            latencies += [(parse_time(ti["start_date"]) - parse_time(ti["queued_when"])).total_seconds()
+                          for ti in tis.values() if ti.get("queued_when") and ti.get("start_date")]
+        timings["task queued -> running, median s"] = sorted(latencies)[len(latencies) // 2]
+        outcomes = dep.python_json(
+            "import json; from mjoin.lake.layout import Lake; from mjoin.loop.ui import read_outcomes; "
+            "from mjoin.lake.registry import PlanRegistry; ns = Lake('/lake', 'eval/backfill'); "
+            f"print(json.dumps({{'outcomes': read_outcomes(ns, {QUERY!r}), "
+            f"'active': PlanRegistry(ns, {QUERY!r}).active_version()}}, default=str))")
+        done = [o for o in outcomes["outcomes"] if o["run_type"] == "backfill"]
+        assert sorted(o["status"] in ("deployed", "no_change") for o in done) == [True, True], done
+        assert sorted(parse_time(o["interval_end"]) for o in done) == [parse_time(d) for d in BACKFILL]
+        assert outcomes["active"] is not None
+        apps = [a["name"] for a in _http_json(MASTER_UI)["completedapps"] if a["id"] not in apps_before]
+        assert len(apps) >= 4, apps  # each run's join and statistics jobs ran on the standalone master
+
+        # ---- the streaming job on the master with both workers; the worker running batch 1's task killed
+        lake = Lake("/lake", STREAM_NS)
+        marker = f"{lake.checkpoints(QUERY)}/_control/fault_in_task-1.json"
+        log = open(tmp_path / "stream.log", "w")
+        t = time.monotonic()
+        stream_job = subprocess.Popen(
+            ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.host.yml", "exec", "-T",
+             "airflow-scheduler", "python", "-m", "mjoin", "run", "--stream", "--query", QUERY, "--lake", "/lake",
+             "--namespace", STREAM_NS, "--max-files-per-trigger", str(FILES_PER_BATCH), "--driver-rows", "0",
+             "--inject-fault", "pause_in_task:1:900", "--json"],
+            cwd=dep.dir, env=dep.env, stdout=log, stderr=subprocess.STDOUT)
+
+        def paused_task():
+            if stream_job.poll() is not None:
+                raise AssertionError(f"the job ended (exit {stream_job.returncode}) before batch 1's task paused:\n"
+                                     f"{(tmp_path / 'stream.log').read_text()[-3000:]}")
+            got = dep.exec("cat", marker, check=False)
+            return got.returncode == 0 and json.loads(got.stdout)
+
+        doc = _wait("batch 1's task paused on an executor", paused_task, timeout=900, every=3)
+        committed = dep.python_json("import json; from mjoin.engine.results import committed_batches; "
+                                    "from mjoin.lake.layout import Lake; "
+                                    f"print(json.dumps(committed_batches(Lake('/lake', {STREAM_NS!r}), {QUERY!r})))")
+        assert committed == [0]  # mid-run: batch 1 is not committed
+        victims = [w for w in WORKERS if any(ns == doc["pid"] and "python" in cmd
+                                             for ns, cmd in dep.container_pids(w).values())]
+        assert len(victims) == 1, f"the task's process {doc['pid']} is in {victims}"
+        dep.compose("kill", "-s", "SIGKILL", victims[0])
+        assert dep.services()[victims[0]]["state"] == "exited"
+        dep.compose("start", victims[0])  # the machine comes back: a new worker registers, a new executor there
+        _wait("both workers alive again", lambda: len(_alive_workers()) == 2, timeout=300)
+        assert stream_job.wait(timeout=1800) == 0, (tmp_path / "stream.log").read_text()[-3000:]
+        timings["streaming job (with the kill)"] = time.monotonic() - t
+        text = (tmp_path / "stream.log").read_text()
+        summary = json.loads(text[text.rindex("\n{") + 1:])
+        files = dep.python_json("import json; from mjoin.lake.layout import Lake; from mjoin.model.query import "
+                                f"load_query; q = load_query({QUERY!r}); print(sum(len(Lake('/lake').stream_files("
+                                "s.source)) for s in q.streams))")
+        assert summary["batches"] == list(range(-(-files // FILES_PER_BATCH))) and files > 2 * FILES_PER_BATCH, \
+            (files, summary["batches"])
+        assert not any(sum(v.values()) for v in summary["quarantined"].values()), summary["quarantined"]
+
+        # ---- the interval run over the same landed files, and the comparison
+        start = int(parse_time(START).timestamp())
+        end = start + LANDED_MINUTES * 60 + 60
+        t = time.monotonic()
+        dep.exec("python", "-m", "mjoin", "run", "--query", QUERY, "--lake", "/lake", "--from", str(start - 3600),
+                 "--to", str(end), "--cycle", str(end - start + 3600), "--out", INTERVAL_OUT)
+        timings["interval run"] = time.monotonic() - t
+        got = dep.python_json(
+            "import json; from mjoin.engine.results import result_fingerprint; from mjoin.engine.metrics import "
+            "read_metrics; from mjoin.lake.layout import Lake; ns = Lake('/lake', %r); "
+            "print(json.dumps({'stream': result_fingerprint(ns, %r), 'interval': result_fingerprint(%r), "
+            "'where': sorted({r['execution']['where'] for r in read_metrics(ns, %r)})}))"
+            % (STREAM_NS, QUERY, f"{INTERVAL_OUT}/results/{QUERY}", QUERY))
+        assert got["where"] == ["executors"]
+        assert got["interval"]["rows"] > 1000 and got["stream"] == got["interval"], got
+    finally:
+        if stream_job is not None and stream_job.poll() is None:
+            stream_job.kill()
+        t = time.monotonic()
+        left = dep.down()
+        timings["down -v"] = time.monotonic() - t
+        print("compose timings: " + json.dumps({k: round(v, 1) for k, v in timings.items()}))
+    assert left == [], f"left by `docker compose down -v` of {NAME}: {left}"
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception:
+        return None
