@@ -10,19 +10,31 @@ import re
 import subprocess
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 
 from compose_helpers import NAME, Deployment, base_images, engine_problem
+from mjoin.engine.metrics import git_commit, machine
 from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import parse_time
+from mjoin.runtime import cluster
 from mjoin.runtime.cluster import ClusterConfig
 from mjoin.runtime.resources import Resources
 
 PROJECT = Path(__file__).resolve().parent.parent
-COMPOSE = yaml.safe_load((PROJECT / "docker-compose.yml").read_text())
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with compose's ``!reset`` tag (an override's way to drop a value): loaded as RESET."""
+
+
+RESET = "!reset"
+_ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+COMPOSE = yaml.load((PROJECT / "docker-compose.yml").read_text(), Loader=_ComposeLoader)
+HOST = yaml.load((PROJECT / "docker-compose.host.yml").read_text(), Loader=_ComposeLoader)
 SERVICES = COMPOSE["services"]
 MJOIN_IMAGE = [n for n, s in SERVICES.items() if s.get("image") == "mjoin:latest"]
 AIRFLOW = [n for n in SERVICES if n.startswith("airflow-")]
@@ -109,7 +121,7 @@ def test_api_port_and_execution_api_agree():
 def test_no_secrets_in_the_file_and_every_variable_in_env_example():
     secretish = re.compile(r"PASSWORD|SECRET|FERNET|TOKEN|KEY", re.I)
     used = set()
-    for name, svc in SERVICES.items():
+    for name, svc in [*SERVICES.items(), *HOST["services"].items()]:  # the test-only override too
         for k, v in (svc.get("environment") or {}).items():
             v = str(v)
             used |= {m.group(1) for m in VAR.finditer(v)}
@@ -123,6 +135,78 @@ def test_no_secrets_in_the_file_and_every_variable_in_env_example():
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=PROJECT)
     assert ignored.returncode == 0, ".env must be git-ignored"
 
+
+def test_one_image_built_once_from_a_base_chosen_by_an_argument():
+    built = [n for n, svc in SERVICES.items() if "build" in svc]
+    assert built == ["spark-master"]  # one build; every other mjoin service runs that image, never pulls it
+    assert all(SERVICES[n].get("pull_policy") == "never" for n in MJOIN_IMAGE)
+    build = SERVICES["spark-master"]["build"]
+    assert (build["context"], build["dockerfile"]) == (".", "docker/Dockerfile")
+    assert build["args"]["BASE_IMAGE"] == "${MJOIN_BASE_IMAGE:-python:3.11-slim-bookworm}"
+    assert SERVICES["postgres"]["image"] == "${MJOIN_POSTGRES_IMAGE:-postgres:16}"
+    docker = (PROJECT / "docker/Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in docker and "FROM ${BASE_IMAGE} AS deps" in docker
+    assert "# syntax" not in docker  # a syntax directive pulls a frontend image from Docker Hub
+    # the test tools left out of the image are test tools: nothing the image runs imports them
+    left_out = set(re.search(r"grep -vE '\^\(([^)]*)\)==' requirements.txt", docker).group(1).split("|"))
+    pinned = {line.split("==")[0] for line in (PROJECT / "requirements.txt").read_text().splitlines() if "==" in line}
+    assert left_out == {"pytest", "pytest-xdist", "hypothesis", "import-linter"} and left_out <= pinned
+    shipped = [p for d in ("include", "dags", "plugins", "jobs") for p in (PROJECT / d).rglob("*.py")]
+    imports = re.compile(r"^\s*(?:import|from)\s+(pytest|xdist|hypothesis|importlinter)\b", re.M)
+    assert not [str(p) for p in shipped if imports.search(p.read_text())]
+
+
+def test_environment_is_the_native_clusters():
+    """The Spark settings and Airflow's task timeout are those `python -m mjoin cluster env` gives the native
+    cluster of the same sizes."""
+    env = _env("airflow-api")
+    conf = cluster.spark_conf({"config": vars(ClusterConfig())})
+    assert env["MJOIN_SPARK_CONF"] == ",".join(f"{k}={v}" for k, v in conf.items())
+    assert int(env["MJOIN_SHUFFLE_PARTITIONS"]) == 2 * ClusterConfig().workers * ClusterConfig().worker_cores
+    assert env["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] == "30"
+    for name, svc in SERVICES.items():
+        long_running = name != "airflow-init"
+        assert (svc.get("restart") == "unless-stopped") == long_running, name
+        assert ("healthcheck" in svc) == long_running, name
+
+
+def test_host_override_keeps_every_service_on_the_loopback():
+    """docker-compose.host.yml: every service on the host network, every address a loopback one, every port
+    distinct and away from the native cluster's and Airflow's defaults, no published port, and the environment it
+    changes only what the host network changes."""
+    over = HOST["services"]
+    assert set(over) == set(SERVICES)
+    assert all(svc["network_mode"] == "host" for svc in over.values())
+    assert over["spark-master"]["build"] == {"network": "host"}
+    assert all(over[n].get("ports") == RESET for n, svc in SERVICES.items() if "ports" in svc)
+    text = (PROJECT / "docker-compose.host.yml").read_text()
+    body = text[text.index("x-env:"):]
+    hosts = set(re.findall(r"\b(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})\b", body))
+    assert hosts and all(h.startswith("127.") for h in hosts), hosts
+    assert not re.search(r"\b(spark-master|postgres|airflow-api):\d", body)  # no service name resolves there
+    ports = [int(p) for p in re.findall(r"(?<![\d.])(1\d{4})(?!\d)", body)]
+    native = {ClusterConfig().master_port, ClusterConfig().master_ui_port, ClusterConfig().pg_port, 8080, 5432}
+    assert len(set(ports)) >= 11 and not set(ports) & native
+    workers = {w: _arg(over[w]["command"], "--host") for w in WORKERS}
+    assert len(set(workers.values())) == len(WORKERS) and "127.0.0.1" not in workers.values()  # one address each
+    for w in WORKERS:
+        assert over[w]["environment"]["SPARK_LOCAL_IP"] == workers[w]
+        assert workers[w] in over[w]["healthcheck"]["test"][-1]
+    changed = {k for n in AIRFLOW for k in over[n]["environment"]}
+    assert changed - set(_env("airflow-api")) <= {"SPARK_LOCAL_IP", "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST",
+                                                  "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT",
+                                                  "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT",
+                                                  "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"}
+    env = over["airflow-api"]["environment"]
+    master = _arg(over["spark-master"]["command"], "--host"), int(_arg(over["spark-master"]["command"], "--port"))
+    assert env["MJOIN_SPARK_MASTER"] == "spark://%s:%d" % master
+    conn = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert f"{conn['host']}:{conn['port']}" == env["MJOIN_SPARK_MASTER"]
+    assert all(w_cmd[2] == env["MJOIN_SPARK_MASTER"] for w_cmd in (over[w]["command"] for w in WORKERS))
+    pg = over["postgres"]["command"]
+    assert f"port={env['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN'].rsplit(':', 1)[1].split('/')[0]}" in pg
+    api = over["airflow-api"]["command"]
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == f"http://{_arg(api, '--host')}:{_arg(api, '--port')}/execution/"
 
 # ---- the deployment brought up for real (marked `compose`: `make test-compose`) ------------------------------
 
@@ -181,6 +265,7 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
     (SIGKILL) while the task runs, started again; its results equal the interval run's (count and fingerprint).
     Then `docker compose down -v` and nothing of the project is left."""
     timings = {}
+    load_before = os.getloadavg()
     t = time.monotonic()
     images = base_images()
     timings["base images (cached when made before)"] = time.monotonic() - t
@@ -335,7 +420,25 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         left = dep.down()
         timings["down -v"] = time.monotonic() - t
         print("compose timings: " + json.dumps({k: round(v, 1) for k, v in timings.items()}))
+        if os.environ.get("MJOIN_COMPOSE_RESULTS"):  # `make test-compose COMPOSE_RESULTS=...`: kept as a benchmark
+            _write_results(os.environ["MJOIN_COMPOSE_RESULTS"], timings, images, load_before)
     assert left == [], f"left by `docker compose down -v` of {NAME}: {left}"
+
+
+def _write_results(path: str, timings: dict, images: dict, load_before) -> None:
+    """The test's timings with the machine, its load, the versions, the commit and the date (a results file)."""
+    def out(*cmd):
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    doc = {"benchmark": "compose deployment brought up (tests/test_compose.py)", "date":
+           datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(PROJECT),
+           "machine": machine(), "load_before": list(load_before), "load_after": list(os.getloadavg()),
+           "versions": {"docker_engine": out("docker", "version", "--format", "{{.Server.Version}}"),
+                        "docker_compose": out("docker", "compose", "version", "--short")},
+           "images": images, "seconds": {k: round(v, 1) for k, v in timings.items() if "MB" not in k},
+           "image_size_mb": round(timings.get("image size (MB)", 0))}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def _try(fn):
