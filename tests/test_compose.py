@@ -360,14 +360,14 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         # ---- the streaming job on the master with both workers; the worker running batch 1's task killed
         lake = Lake("/lake", STREAM_NS)
         marker = f"{lake.checkpoints(QUERY)}/_control/fault_in_task-1.json"
-        log = open(tmp_path / "stream.log", "w")
+        log, summary_file = open(tmp_path / "stream.log", "w"), open(tmp_path / "stream.json", "w")
         t = time.monotonic()
         stream_job = subprocess.Popen(
             ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.host.yml", "exec", "-T",
              "airflow-scheduler", "python", "-m", "mjoin", "run", "--stream", "--query", QUERY, "--lake", "/lake",
              "--namespace", STREAM_NS, "--max-files-per-trigger", str(FILES_PER_BATCH), "--driver-rows", "0",
              "--inject-fault", "pause_in_task:1:900", "--json"],
-            cwd=dep.dir, env=dep.env, stdout=log, stderr=subprocess.STDOUT)
+            cwd=dep.dir, env=dep.env, stdout=summary_file, stderr=log)  # the summary alone on stdout, the logs apart
 
         def paused_task():
             if stream_job.poll() is not None:
@@ -390,8 +390,8 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         _wait("both workers alive again", lambda: len(_alive_workers()) == 2, timeout=300)
         assert stream_job.wait(timeout=1800) == 0, (tmp_path / "stream.log").read_text()[-3000:]
         timings["streaming job (with the kill)"] = time.monotonic() - t
-        text = (tmp_path / "stream.log").read_text()
-        summary = json.loads(text[text.rindex("\n{") + 1:])
+        text = (tmp_path / "stream.json").read_text()
+        summary = json.JSONDecoder().raw_decode(text[text.index("{"):])[0]
         files = dep.python_json("import json; from mjoin.lake.layout import Lake; from mjoin.model.query import "
                                 f"load_query; q = load_query({QUERY!r}); print(sum(len(Lake('/lake').stream_files("
                                 "s.source)) for s in q.streams))")
@@ -406,7 +406,7 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         out = dep.exec("python", "-m", "mjoin", "run", "--query", QUERY, "--lake", "/lake", "--from", str(start - 3600),
                        "--to", str(end), "--cycle", str(end - start + 3600), "--out", INTERVAL_OUT, "--json").stdout
         timings["interval run"] = time.monotonic() - t
-        interval = json.loads(out[out.rindex("\n{") + 1:] if "\n{" in out else out[out.index("{"):])
+        interval = json.JSONDecoder().raw_decode(out[out.index("\n{") + 1 if "\n{" in out else out.index("{"):])[0]
         # the same rows rejected (NULL keys) by both, none lost to lateness by the stream
         assert sum(sum(v.values()) for v in summary["quarantined"].values()) == \
             sum(sum(v.values()) for v in interval["quarantined"].values()), (summary["quarantined"],
