@@ -15,8 +15,10 @@ of ``s`` at ``t``: rows with ``t - W_s < ts <= t``):
 
 - ``ROWS`` (copy of the stream's first class only, so each row counts once):
   rows per ``(sid, g, j)``, ``j = -2`` NULL event time, ``-1`` lead-in, ``n`` at T1;
-- ``NN``: rows with a non-NULL key per ``(sid, ci, g, j)`` (NULL keys = ROWS - NN);
-- ``WT``: window_tuples deltas: a row is in the state at the cycle ends ``ja..jb-1``
+- ``NN``: rows with a non-NULL key per ``(sid, ci, g, j)`` (NULL keys = ROWS - NN; the readers give a
+  row with a NULL in any of its stream's keys a NULL key in every class, as the engine quarantines it
+  whole: ``tuples`` is the first class's ``NN``);
+- ``WT``: window_tuples deltas of the rows with a key: a row is in the state at the cycle ends ``ja..jb-1``
   (+1 at ``ja``, -1 at ``jb``); prefix sums on the driver;
 - ``KAPPA``: distinct-key deltas: per ``(sid, g, key)`` the union of its rows' ranges
   ``[ja, jc]`` of cycle ends (rows sorted by time: ranges grow monotonically, so the
@@ -141,6 +143,26 @@ def _rank(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(values, return_inverse=True)
 
 
+def union_runs(gkey: np.ndarray, a_: np.ndarray, c_: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct-key runs (Eq. 11): each row of id ``gkey`` is in the state at the cycle ends ``[a_, c_]``
+    (``0 <= a_ <= c_ < n``); per id, the union of its rows' ranges as the parts ``(id, start, end)`` that each
+    row adds to the ranges of the rows before it. Sorted by ``(id, a_, c_)``: rows of one id sorted by time have
+    non-decreasing ``(a_, c_)``, so a row adds ``[max(a_, previous end + 1), c_]`` when that is not empty."""
+    if len(gkey) and int(gkey.max()) < _I64_MAX // max(n * n, 1):
+        srt = np.sort(gkey * (n * n) + a_ * n + c_)
+        gkey, a_ = np.divmod(srt, n * n)
+        a_, c_ = np.divmod(a_, n)
+    else:
+        order = np.lexsort((c_, a_, gkey))
+        gkey, a_, c_ = gkey[order], a_[order], c_[order]
+    prev = np.full(len(gkey), -1, dtype=np.int64)
+    if len(gkey) > 1:
+        prev[1:] = np.where(gkey[1:] == gkey[:-1], c_[:-1], -1)
+    start = np.maximum(a_, prev + 1)
+    grow = start <= c_
+    return gkey[grow], start[grow], c_[grow]
+
+
 def _col(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """An integer column as int64 numpy (NULL -> 0) and its validity mask."""
     c = table.column(name)
@@ -232,8 +254,8 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
         out.add(kind, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr - 2, v0=v)
 
     live = t_ok & g_ok  # rows that are in some window state
-    # ---- WT: window_tuples deltas (first-class copy; NULL keys occupy state too) -----------------
-    m = live & first
+    # ---- WT: window_tuples deltas (first-class copy; a row with a NULL key is not in the join's state) -----
+    m = live & first & k_ok
     if m.any():
         c, v = _window_deltas(*_window_cycles(t[m], W[m], T0, tau), (sid[m] * G + gid[m]) * n, n)
         sg, jr = np.divmod(c, n)
@@ -268,34 +290,19 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     ok = ja <= jc
     if ok.any():
         gkey = (ks[ok] * G + kg[ok]) * K + kinv[ok]  # one id per (sid, g, key)
-        a_, c_ = ja[ok], jc[ok]
-        if int(gkey.max()) < _I64_MAX // max(n * n, 1):
-            srt = np.sort(gkey * (n * n) + a_ * n + c_)
-            gkey, a_ = np.divmod(srt, n * n)
-            a_, c_ = np.divmod(a_, n)
-        else:
-            order = np.lexsort((c_, a_, gkey))
-            gkey, a_, c_ = gkey[order], a_[order], c_[order]
-        # within an id, rows sorted by time have non-decreasing (ja, jc): the union grows by
-        # [max(ja, previous jc + 1), jc]
-        prev = np.full(len(gkey), -1, dtype=np.int64)
-        same = np.zeros(len(gkey), dtype=bool)
-        same[1:] = gkey[1:] == gkey[:-1]
-        prev[1:] = np.where(same[1:], c_[:-1], -1)
-        start = np.maximum(a_, prev + 1)
-        grow = start <= c_
-        sg = gkey[grow] // K
-        codes = np.concatenate([sg * n + start[grow], sg * n + c_[grow] + 1])
-        w = np.concatenate([np.ones(int(grow.sum())), -np.ones(int(grow.sum()))])
-        inside = np.concatenate([start[grow], c_[grow] + 1]) < n
+        gkey, start, end = union_runs(gkey, ja[ok], jc[ok], n)
+        sg = gkey // K
+        codes = np.concatenate([sg * n + start, sg * n + end + 1])
+        w = np.concatenate([np.ones(len(start)), -np.ones(len(start))])
+        inside = np.concatenate([start, end + 1]) < n
         c, v = _sum_by(codes[inside], w[inside])
         sg2, jr = np.divmod(c, n)
         s_, gi = np.divmod(sg2, G)
         out.add(KAPPA, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr, v0=v)
         for i, lab_k in enumerate(cell_labels):  # the same runs, per (sid, cell of the key)
             L = int(lab_k.max()) + 1 if len(lab_k) else 1
-            sl = (sg // G) * L + lab_k[gkey[grow] % K]
-            codes = np.concatenate([sl * n + start[grow], sl * n + c_[grow] + 1])
+            sl = (sg // G) * L + lab_k[gkey % K]
+            codes = np.concatenate([sl * n + start, sl * n + end + 1])
             c, v = _sum_by(codes[inside], w[inside])
             sl2, jr = np.divmod(c, n)
             s_, li = np.divmod(sl2, L)
