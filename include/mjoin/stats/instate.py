@@ -55,7 +55,7 @@ SPAN = 7
 KAPPA_LOOP = 8
 #: the reasons of the rows a task quarantines that are counted per cycle (they have an event time and a
 #: cycle; ``late`` rows belong to cycles already emitted, ``bad_time`` rows to none)
-CYCLE_REASONS = ("null_key", "bad_type")
+CYCLE_REASONS = ("bad_type", "null_key")  # sorted
 
 
 def range_span(max_key: int) -> int:
@@ -92,7 +92,6 @@ class Emission:
     key_buckets: int = 64  # cells pmod(key, B) (0: none)
     key_ranges: int = 64  # R range cells (0: none)
     span: int = 1  # the range cells' span the job used so far (a power of two; 1: none yet)
-    lateness_us: int = 0
 
     def task(self) -> "TaskCounts":
         """What one stage-1 task of the batch uses to count (:class:`TaskCounts`)."""
@@ -148,12 +147,13 @@ class Emission:
         ok = np.asarray(ts.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & np.isin(reason, CYCLE_REASONS)
         if not ok.any():
             return {}
-        t = np.asarray(ts.fill_null(0).to_numpy(), dtype=np.int64)[ok]
+        j = np.asarray(ts.fill_null(0).to_numpy(), dtype=np.int64)[ok] // self.tau_us
         s_idx = np.asarray(rej.column("_s").to_numpy(zero_copy_only=False), dtype=np.int64)[ok]
+        r_idx = np.searchsorted(np.asarray(CYCLE_REASONS), reason[ok])  # CYCLE_REASONS is sorted
+        keys, n = np.unique(np.stack([s_idx, r_idx, j]), axis=1, return_counts=True)
         out: dict = {}
-        for s, r, j in zip(s_idx, reason[ok], t // self.tau_us):
-            per = out.setdefault(self.streams[int(s)], {}).setdefault(str(r), {})
-            per[str(int(j))] = per.get(str(int(j)), 0) + 1
+        for (s, r, c), k in zip(keys.T, n):
+            out.setdefault(self.streams[int(s)], {}).setdefault(CYCLE_REASONS[int(r)], {})[str(int(c))] = int(k)
         return out
 
 

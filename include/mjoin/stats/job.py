@@ -339,12 +339,11 @@ def _dense(df: pd.DataFrame, keys: list[str], value: str, shape: tuple, valid=No
     arr = np.zeros(shape, dtype=np.float64)
     if df is None or df.empty:
         return arr
-    sub = df.dropna(subset=keys)
-    idx = [sub[k].to_numpy(dtype=np.int64) for k in keys]
-    ok = np.ones(len(sub), dtype=bool)
+    idx = [df[k].to_numpy(dtype=np.float64) for k in keys]  # NULL -> NaN (numpy: pandas' dropna was most of it)
+    ok = np.ones(len(df), dtype=bool)
     for i, n in zip(idx, shape):
-        ok &= (i >= 0) & (i < n)
-    np.add.at(arr, tuple(i[ok] for i in idx), sub[value].to_numpy(dtype=np.float64)[ok])
+        ok &= (i >= 0) & (i < n)  # False for NaN
+    np.add.at(arr, tuple(i[ok].astype(np.int64) for i in idx), df[value].to_numpy(dtype=np.float64)[ok])
     return arr
 
 
