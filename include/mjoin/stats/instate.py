@@ -235,13 +235,6 @@ class _Stacked:
         idx, found = self.key_index(keys)
         return self.starts[idx], np.where(found, self.counts[idx], 0)
 
-    def rows_per_key(self, mask: np.ndarray) -> np.ndarray:
-        """How many rows of each key ``mask`` holds (a running count read at the keys' ends: cheaper than
-        ``np.add.reduceat`` over a boolean mask)."""
-        running = np.cumsum(mask, dtype=np.int64)
-        ends = running[self.offsets[1:] - 1]
-        return np.diff(ends, prepend=0)
-
 
 class _Counter:
     """The counts of the (class, bucket)s one task holds, for the cycles ``lo .. lo + n - 1``.
@@ -327,13 +320,21 @@ class _Counter:
         sets = [(0, a["g_key"], G)] + [(CELL_KIND * (i + 1), lab, int(lab.max()) + 1) for i, lab in enumerate(a["labels"])]
         values = {}  # (kind, set) -> per-cycle values, shape (n, L)
         kidx_row = None
+        diff, mask, running = self._buffers(len(ts))  # the passes over the state reuse their memory
+        ends = rows.offsets[1:] - 1
         for j in range(n):
             e = self.t0 + (j + 1) * tau
-            m = (ts - (e - W + 1)).view(np.uint64) < np.uint64(W)  # e - W < ts <= e
-            per_key = rows.rows_per_key(m)
+            np.subtract(ts, e - W + 1, out=diff)
+            np.less(diff.view(np.uint64), np.uint64(W), out=mask)  # e - W < ts <= e
+            np.cumsum(mask, dtype=np.int64, out=running)
+            per_key = np.diff(running[ends], prepend=0)  # the window's rows of each key
+            m = mask
             held = per_key > 0
             for base, lab, L in sets:
-                if lab is not None:
+                if lab is not None and L == 1:  # one group: no bincount
+                    wt = np.array([per_key.sum()], dtype=np.int64)
+                    kap = np.array([np.count_nonzero(held)], dtype=np.int64)
+                elif lab is not None:
                     wt = np.bincount(lab, weights=per_key, minlength=L)
                     kap = np.bincount(lab[held], minlength=L)
                 else:  # the group is not a function of this class's key: distinct (key, group) pairs
@@ -350,6 +351,13 @@ class _Counter:
             d = np.diff(v, axis=0, prepend=0)
             j, g = np.nonzero(d)
             self.out.add(kind, len(j), sid=sid, ci=self.ci, g=g, j=j + lo, v0=d[j, g])
+
+    def _buffers(self, size: int) -> tuple:
+        """Three work arrays of ``size`` elements (int64, bool, int64), allocated once per task's class."""
+        if getattr(self, "_buf", None) is None or len(self._buf[0]) < size:
+            top = max(len(r) for r in self.data.values())
+            self._buf = (np.empty(top, np.int64), np.empty(top, bool), np.empty(top, np.int64))
+        return tuple(b[:size] for b in self._buf)
 
     def _window_and_kappa_runs(self, sid, rows, a, first):
         """Many cycles at once (a backlog): the kernel's range deltas and run union over the state's rows."""
