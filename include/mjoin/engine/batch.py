@@ -123,6 +123,7 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
         t = pa.concat_tables(tables).combine_chunks()
         part = partition_id()
         counter = stats.task() if stats is not None else None
+        task_started = time.thread_time()
         t, rejected = split_rejects(t)
         if rejected is not None:
             counts = write_rejects(rejected, quarantine_root, ctx.eq.streams, ctx.batch_id, f"p{part:05d}")
@@ -172,7 +173,7 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             d["pid"] = pid
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
         if counter is not None:
-            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(counter.doc())]})
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(counter.doc(task_started))]})
 
     return run
 

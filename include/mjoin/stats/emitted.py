@@ -142,8 +142,11 @@ class JobStatistics:
             return {}, {"job_stats": {"off": self.problem}}
         t0, c0 = time.perf_counter(), time.thread_time()
         js = self._section(prev) or {}
+        counted = [d for d in docs if "jobstats" in d]
         report = {"cycles": [], "written": [], "pending": [], "errors": [],
-                  "task_cpu_seconds": round(sum(float(d.get("cpu_seconds") or 0.0) for d in docs if "jobstats" in d), 6)}
+                  "task_cpu_seconds": round(sum(float(d.get("cpu_seconds") or 0.0) for d in counted), 6),
+                  # the stage-1 tasks' whole CPU without the statistics (the operator, state and result writes)
+                  "join_task_cpu_seconds": round(sum(float(d.get("join_cpu_seconds") or 0.0) for d in counted), 6)}
         quarantined = _merge_quarantined(js.get("quarantined") or {}, [d.get("by_cycle") or {} for d in docs],
                                          emission.lo)
         pending = []

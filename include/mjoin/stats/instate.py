@@ -195,21 +195,19 @@ class _Stacked:
         self.parts = parts
         if len(parts) == 1:
             p = parts[0]
-            self.key, self.ts, self.ukeys, self.offsets = p.key, p.ts, p.ukeys, p.offsets
-            self.order = None
-        else:
-            self.key = np.concatenate([p.key for p in parts])
+            self.ts, self.ukeys, self.offsets = p.ts, p.ukeys, p.offsets
+        else:  # the rows' keys are not stacked: a row's key is its distinct key's (ukeys[key index])
             self.ts = np.concatenate([p.ts for p in parts])
             self.ukeys = np.concatenate([p.ukeys for p in parts])
             sizes = np.cumsum([0] + [len(p) for p in parts])
             self.offsets = np.concatenate([p.offsets[:-1] + base for p, base in zip(parts, sizes)] + [sizes[-1:]])
-            self.order = np.argsort(self.ukeys, kind="stable")
         self.starts = self.offsets[:-1]
         self.counts = np.diff(self.offsets)
         self._sorted = None
+        self.order = None
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.ts)
 
     @property
     def nkeys(self) -> int:
@@ -224,6 +222,8 @@ class _Stacked:
         if self.nkeys == 0 or len(keys) == 0:
             return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
         if self._sorted is None:
+            if len(self.parts) > 1:
+                self.order = np.argsort(self.ukeys, kind="stable")  # each bucket's keys are a sorted run
             self._sorted = self.ukeys if self.order is None else self.ukeys[self.order]
         sorted_keys = self._sorted
         pos = np.minimum(np.searchsorted(sorted_keys, keys), self.nkeys - 1)
@@ -395,7 +395,7 @@ class _Counter:
         lo, sel = self.lo, a["sel"]
         if not len(sel):
             return
-        keys, rel = rows.key[sel], a["rel"]
+        keys, rel = rows.ukeys[a["kidx"]], a["rel"]
         B = int(self.em.buckets)
         if B > 0:
             c, v = kernel._sum_by(rel * B + np.mod(keys, B))
@@ -417,7 +417,7 @@ class _Counter:
         others = [r for r in members if r != l]
         if not len(sel) or not others:
             return
-        keys, ts, g, rel = rows_l.key[sel], rows_l.ts[sel], a["g"], a["rel"]
+        keys, ts, g, rel = rows_l.ukeys[a["kidx"]], rows_l.ts[sel], a["g"], a["rel"]
         cnt = np.stack([self._matches(keys, ts, g, r) for r in others])  # (edges, probes)
         hit = cnt > 0
         R = len(others)
@@ -563,7 +563,9 @@ class TaskCounts:
             self.error = self.error or f"{type(exc).__name__}: {exc}"
             return {}
 
-    def doc(self) -> dict:
+    def doc(self, task_started: float | None = None) -> dict:
+        """The task's report; ``task_started``: the thread time the task began at (the join's own CPU is the
+        task's until now: the statistics are counted here, after it)."""
         c0 = time.thread_time()
         parts = []
         if self.error is None:
@@ -575,4 +577,6 @@ class TaskCounts:
         self.states = {}
         doc = task_doc(parts, self.emission, 0.0, self.error)
         doc["cpu_seconds"] = self.cpu + time.thread_time() - c0
+        if task_started is not None:
+            doc["join_cpu_seconds"] = max(0.0, c0 - task_started - self.cpu)
         return doc
