@@ -374,6 +374,10 @@ def use_job_statistics(query, lake, start, end, cycle_seconds, *, running, out=N
     ``wait`` seconds. Returns ``{"source": "job", ...}`` when every cycle is there and valid, else ``{"source":
     None, "fallback": why}`` (the caller then runs the standalone statistics job)."""
     root = str(out) if out else history_root(lake)
+    why_not = unsupported(query)
+    if why_not:  # the job emits nothing for such a query: no waiting
+        return {"source": None, "fallback": f"the join job does not compute them: {why_not}", "waited_seconds": 0.0,
+                "history": root}
     t_start = clock()
     deadline = t_start + float(wait)
     while True:
