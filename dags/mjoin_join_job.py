@@ -3,7 +3,8 @@
 Trigger with `action`:
 - start: refuse if it is already running, then run the streaming join job with a
   processingTime trigger through spark-submit; the task lasts as long as the job;
-  it picks up each newly activated plan at its next batch boundary;
+  it picks up each newly activated plan at its next batch boundary, and computes the
+  statistics of every `stats_cycle` itself (mjoin_reoptimize's continuous mode uses them);
 - stop: ask the job to stop between batches and wait until it has;
 - restart: stop, then start again from its checkpoint and committed state;
 - status: log whether it is running, its last batch and plan version.
@@ -34,6 +35,13 @@ JOBS = Path(__file__).resolve().parent.parent / "jobs"
         "lake": Param(None, type=OPTIONAL_TEXT, description="lake root (empty: MJOIN_LAKE or the project's .lake)"),
         "namespace": Param(None, type=OPTIONAL_TEXT, description="lake namespace of the job (empty: live)"),
         "interval": Param(10, type="integer", minimum=1, maximum=3600, description="micro-batch trigger, seconds"),
+        "stats_cycle": Param(10, type="integer", minimum=0, maximum=3600,
+                             description="the job computes the statistics of every cycle of this many seconds itself "
+                                         "(mjoin_reoptimize's cycle, for its continuous mode); 0: off"),
+        "arrival_cycle": Param(None, type=["null", "integer"], minimum=1, maximum=86400,
+                               description="the lake's arrival cycle, seconds (empty: the most common gap between "
+                                           "landed arrival folders, known once two have landed); rows more than two "
+                                           "cycles ahead of the newest folder are quarantined as future"),
         "stop_timeout": Param(300, type="integer", minimum=5, maximum=7200, description="seconds to wait for a stop"),
     },
     tags=["mjoin"],
@@ -63,7 +71,9 @@ def mjoin_join_job():
             raise AirflowFailException(f"already running (pid {st.get('pid')} since {st.get('started_at')}); "
                                        "use action=restart")
         args = ["--stream", "--trigger", "processingTime", "--interval", str(p["interval"]), "--query", p["query"],
-                "--lake", lake] + (["--namespace", namespace] if namespace else [])
+                "--lake", lake, "--stats-cycle", str(p["stats_cycle"])] + \
+            (["--arrival-cycle", str(p["arrival_cycle"])] if p["arrival_cycle"] else []) + \
+            (["--namespace", namespace] if namespace else [])
         return {"start": p["action"] in ("start", "restart"), "args": args}
 
     @task.short_circuit

@@ -77,7 +77,7 @@ def test_join_job_lifecycle_and_continuous_reoptimization(world):
     control = JobControl(Lake(str(lake)), QUERY)
     t_run = START + timedelta(seconds=2 * PERIOD + PERIOD // 2)  # between the other tests' logical dates
     land(world["workload"], Lake(str(lake)), until=iso(t_run))
-    job_conf = {"query": QUERY, "lake": str(lake), "interval": 2, "stop_timeout": 120}
+    job_conf = {"query": QUERY, "lake": str(lake), "interval": 2, "stop_timeout": 120, "stats_cycle": CYCLE}
     args = ["dags", "test", "mjoin_join_job", "2026-02-01T00:00:00Z", "--conf", json.dumps({**job_conf, "action": "start"})]
     start_log = open(world["root"] / "join_job_start.log", "w")
     starter = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args], env=env, stdout=start_log,

@@ -82,6 +82,12 @@ def _groups(df, column, groups):
     return g
 
 
+def keyed_rows(df: pd.DataFrame, stream) -> pd.DataFrame:
+    """The rows of ``df`` with every key of ``stream`` (docs/statistics.md, "Definitions": NULL keys)."""
+    cols = [c for c in stream.keys if c in df.columns]
+    return df[df[cols].notna().all(axis=1)] if cols and len(df) else df
+
+
 def _ngroups(groups):
     return 1 if groups is None else groups[1]
 
@@ -91,12 +97,13 @@ def _empty(query, s):
 
 
 def reference_streams(query, data: dict, t0: float, n: int, tau: float, groups=None) -> pd.DataFrame:
-    """pandas: tuples, lambda, window_tuples, kappa per (cycle, group, stream).
+    """pandas: tuples, lambda, window_tuples, kappa per (cycle, group, stream), of the rows with every key
+    (a row with a NULL in any of its stream's keys is what the engine quarantines: in no statistic).
 
     ``groups``: ``(key array -> group array, number of groups, attr_class)``; None: one group 0."""
     out = []
     for s in query.streams:
-        df = data.get(s.name, _empty(query, s.name))
+        df = keyed_rows(data.get(s.name, _empty(query, s.name)), s)
         kcol = query.key_column(s.name, query.classes_of(s.name)[0])
         g = _groups(df, query.key_column(s.name, groups[2]) if groups else None, groups)
         for gid in range(_ngroups(groups)):
@@ -118,7 +125,7 @@ def reference_edges(query, data: dict, t0: float, n: int, tau: float, groups=Non
         e = query.edge(l, r)
         frames = {}
         for side, name in (("L", l), ("R", r)):
-            df = data.get(name, _empty(query, name)).copy()
+            df = keyed_rows(data.get(name, _empty(query, name)), query.stream(name)).copy()
             df["g"] = _groups(df, query.key_column(name, groups[2]) if groups else None, groups)
             df["key"] = df[e.column_of(name)].astype("Int64")  # NaN -> NULL (DuckDB would compare NaN as a value)
             frames[side] = df.reset_index(drop=True)

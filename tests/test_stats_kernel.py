@@ -115,5 +115,5 @@ def test_empty_partition_and_rows_without_time():
     c = red["counts"].set_index("j")
     assert c.loc[-2, "rows"] == 1 and c.loc[-2, "nn0"] == 1  # NULL event time: counted, j = -2
     assert c.loc[0, "rows"] == 1 and c.loc[0, "nn0"] == 0  # NULL key: a row, no key
-    assert list(red["window_tuples"]["window_tuples"]) == [1, 1]  # a NULL key occupies the state
+    assert red["window_tuples"].empty or red["window_tuples"]["window_tuples"].sum() == 0  # not in the state
     assert red["kappa"].empty or red["kappa"]["kappa"].sum() == 0

@@ -19,6 +19,7 @@ from mjoin.engine.state import StateStore
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import RegistryError
 from mjoin.model.query import load_query
+from mjoin.model.statistics import StatisticsError
 from mjoin.model.timeutil import parse_duration
 from mjoin.optimizer.calibrate import COST_MODEL_FILE
 from mjoin.optimizer.cost import CostModel, CostModelError
@@ -26,6 +27,7 @@ from mjoin.optimizer.psp import slices_for
 from mjoin.runtime import fsutil
 from mjoin.runtime.resources import Resources
 from mjoin.runtime.spark import get_spark
+from mjoin.stats.emitted import JobStatistics
 
 log = logging.getLogger(__name__)
 NAME = "run"
@@ -75,6 +77,10 @@ def add_arguments(p):
     s.add_argument("--max-files-per-trigger", type=int,
                    help="at most this many landed files per micro-batch, in whole arrival folders (a folder with "
                         "more files is read whole in a batch of its own)")
+    s.add_argument("--stats-cycle", type=float, default=0, metavar="SECONDS",
+                   help="the job computes the statistics of every cycle of this many seconds itself, from its state, "
+                        "into the statistics history (<lake>/stats; the loop's cycle; docs/statistics.md, \"Where "
+                        "the statistics come from\"); 0 (default): off")
     s.add_argument("--idle-timeout", type=_idle_timeout, metavar="SECONDS|never",
                    help="a stream whose event time lags the leading stream's by more than this is idle: the "
                         "job's watermark does not wait for it (default: the query's largest window)")
@@ -219,13 +225,15 @@ def execute(spark, args, claim=None):
         config = config_from(args)
         if args.stream:
             lake = Lake(args.lake, args.namespace)
+            cycle = getattr(args, "stats_cycle", 0) or 0
+            stats = JobStatistics(query, lake, cycle) if cycle and args.engine == "mjoin" else None
             return run_stream(spark, query, lake, trigger=args.trigger, interval=args.interval, plan=args.plan,
-                              config=config, engine=args.engine, timeout=args.timeout,
+                              config=config, engine=args.engine, timeout=args.timeout, stats=stats,
                               **({"claim": claim} if claim is not None else {}))
         check_interval_args(args)
         return run_interval(spark, query, args.plan, Lake(args.lake), args.start, args.end, args.cycle, args.out,
                             engine=args.engine, config=config)
-    except (EngineError, RegistryError) as exc:
+    except (EngineError, RegistryError, StatisticsError) as exc:
         raise UserError(str(exc)) from None
     except ValueError as exc:  # unparsable --from/--to
         if "is not a time" in str(exc):

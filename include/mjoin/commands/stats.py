@@ -4,12 +4,15 @@ from __future__ import annotations
 import json
 
 from mjoin.commands import UserError
+from mjoin.engine.control import JobControl
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
 from mjoin.model.plan import load_plan
 from mjoin.model.query import load_query
-from mjoin.model.timeutil import parse_duration, parse_time
+from mjoin.model.timeutil import iso, parse_duration, parse_time
+from mjoin.runtime import fsutil
 from mjoin.runtime.spark import SparkConnectUnavailable, get_spark
+from mjoin.stats.emitted import use_job_statistics
 from mjoin.stats.job import METHODS, MODES, StatsConfig, run_statistics
 from mjoin.stats.sketch import SketchConfig
 
@@ -23,6 +26,10 @@ its cycles. Example:
 
   python -m mjoin stats --query tpcds_returns_by_address --lake .lake \\
       --from 2026-01-01T00:00:00Z --to 2026-01-01T00:10:00Z --cycle 10
+
+With --prefer-job (the loop's statistics step in continuous mode) the cycles the streaming join job
+emitted itself are used when the history holds all of them and they validate (no stream is read);
+otherwise they are computed here, and --report FILE says which and why.
 
 Exit 2 for bad arguments (interval not a whole number of cycles, unknown query, ...)."""
 
@@ -63,6 +70,16 @@ def add_arguments(p):
     p.add_argument("--sketch-slices", type=int, default=0, help="sketch mode: time slices per cycle (0: auto)")
     p.add_argument("--scan-all-arrivals", action="store_true",
                    help="read every arrival partition (default: skip those that can only hold older event times)")
+    p.add_argument("--prefer-job", action="store_true",
+                   help="continuous mode: use the cycles the streaming join job emitted into the history (waiting "
+                        "while it catches up, --job-wait) and read no stream; compute them here only when the job "
+                        "emitted none or not all (stopped, lagging) or they do not validate")
+    p.add_argument("--job-wait", type=float, metavar="SECONDS",
+                   help="--prefer-job: wait at most this long for a running join job to emit the interval's last "
+                        "cycles (default: one cycle, the query's lateness and three of the job's trigger intervals, "
+                        "plus 15 s: the job emits a cycle at its first batch after its watermark passed the cycle)")
+    p.add_argument("--report", metavar="FILE", help="write where the statistics came from (job or this job, and why) "
+                                                  "to FILE as JSON (the DAG's run folder)")
     p.add_argument("--json", action="store_true", help="print the job summary as JSON")
 
 
@@ -83,6 +100,11 @@ def _partitioning(args, query, lake):
     return plan.partitioning, ref
 
 
+def _write_report(path, report: dict) -> None:
+    if path:
+        fsutil.atomic_write_text(path, json.dumps(report, indent=2, default=str))
+
+
 def run(args) -> int:
     query = load_query(args.query)
     lake = Lake(args.lake, args.namespace) if args.lake else Lake.default().with_namespace(args.namespace)
@@ -94,6 +116,24 @@ def run(args) -> int:
                               top_k_tracked=max(1024, 4 * args.sketch_dense_keys))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    report = {"source": "standalone", "start": iso(start), "end": iso(end), "cycle_seconds": cycle}
+    if args.prefer_job:
+        control = JobControl(lake, query.name)
+        wait = args.job_wait
+        if wait is None:
+            trigger = float(control.status().get("interval") or 10.0)
+            wait = cycle + query.lateness + 3 * trigger + 15.0
+        used = use_job_statistics(query, lake, start, end, cycle, out=args.out, wait=wait,
+                                  running=lambda: control.status()["running"])
+        report.update(used)
+        if used["source"] == "job":
+            _write_report(args.report, report)
+            print(f"stats {query.name}: the {used['cycles']} cycles of [{iso(start)}, {iso(end)}) as the join job "
+                  f"emitted them ({used['from_job']} by the job; validated, waited {used['waited_seconds']:.1f} s); "
+                  "no stream read")
+            return 0
+        report["source"] = "standalone"
+        print(f"stats {query.name}: the join job's statistics cannot be used: {used['fallback']}; computing them")
     rule, rule_from = _partitioning(args, query, lake)
     config = StatsConfig(mode=args.mode, partitioning=rule, histogram_buckets=args.histogram_buckets,
                          prune_arrivals=not args.scan_all_arrivals, sketch=sketch if args.mode == "sketch" else None,
@@ -105,6 +145,8 @@ def run(args) -> int:
         raise UserError(str(exc)) from None
     run_ = run_statistics(spark, query, lake, start, end, cycle, out=args.out, config=config)
     s = run_.summary
+    report["wall_seconds"] = s["wall_seconds"].get("total")
+    _write_report(args.report, report)
     if args.json:
         print(json.dumps(s, indent=1, default=str))
         return 0

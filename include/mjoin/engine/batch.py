@@ -77,6 +77,8 @@ class BatchInput:
     #: ``() -> [FileReject]``: the files the input's tasks found unreadable since the last call
     #: (:meth:`mjoin.engine.normalize.Inspected.collect_unreadable`), asked after each stage's job
     late_rejects: object = None
+    #: the tasks' reports of the job's own statistics (``jobstats`` counts, ``by_cycle`` quarantine counts)
+    jobstats: list = field(default_factory=list)
 
     def add_late_rejects(self) -> bool:
         """Fold the files the tasks found unreadable (:attr:`late_rejects`) into the file-level counts and
@@ -92,6 +94,8 @@ class BatchInput:
         """Fold the tasks' counts (stage-1 ``rows_in``/``max_ts``, ``rejects``) into this input."""
 
         for d in docs:
+            if "jobstats" in d or "by_cycle" in d:
+                self.jobstats.append(d)
             if "rejects" in d:
                 add_counts(self.quarantined, d["rejects"])
             elif d.get("stage") == 1 and "rows_in" in d:
@@ -105,9 +109,10 @@ class BatchInput:
 
 
 def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_dir: str, partials_dir: str,
-                cache_bytes: int, classes: tuple, quarantine_root: str, pause: tuple | None = None):
+                cache_bytes: int, classes: tuple, quarantine_root: str, pause: tuple | None = None, stats=None):
     """The mapInArrow function of one stage of one batch (runs in Python workers). ``pause``: (marker path,
-    seconds) of the ``pause_in_task`` fault injection."""
+    seconds) of the ``pause_in_task`` fault injection; ``stats``: what the job's own statistics count in this
+    stage-1 task (:meth:`mjoin.stats.instate.Emission.task`; None: nothing)."""
 
     def run(batches):
         if pause:
@@ -117,10 +122,15 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
             return
         t = pa.concat_tables(tables).combine_chunks()
         part = partition_id()
+        counter = stats.task() if stats is not None else None
+        task_started = time.thread_time()
         t, rejected = split_rejects(t)
         if rejected is not None:
             counts = write_rejects(rejected, quarantine_root, ctx.eq.streams, ctx.batch_id, f"p{part:05d}")
-            yield pa.RecordBatch.from_pydict({"doc": [json.dumps({"rejects": counts, "batch_id": ctx.batch_id})]})
+            doc = {"rejects": counts, "batch_id": ctx.batch_id}
+            if counter is not None:  # quarantined rows per statistics cycle (NULL keys: counted, in no statistic)
+                doc["by_cycle"] = counter.rejected(rejected)
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(doc)]})
         if not t.num_rows:
             return
         results, partials, docs = [], [], []
@@ -134,7 +144,9 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
                                                    key_name(attr_class), cache_bytes)
                 return rows
 
-            out = process_bucket(ctx, cls, bucket, rows, load)
+            out = process_bucket(ctx, cls, bucket, rows, load if counter is None else counter.loader(load))
+            if counter is not None:  # the job's statistics of the cycles made final, from the state loaded
+                counter.bucket(cls)
             t0 = time.perf_counter()
             results += out.results
             partials += out.partials
@@ -160,6 +172,8 @@ def _stage_task(ctx: BucketContext, state_root: str, prev_files: dict, results_d
         for d in docs:
             d["pid"] = pid
             yield pa.RecordBatch.from_pydict({"doc": [json.dumps(d)]})
+        if counter is not None:
+            yield pa.RecordBatch.from_pydict({"doc": [json.dumps(counter.doc(task_started))]})
 
     return run
 
@@ -299,14 +313,16 @@ class BatchRunner:
     # ---- one batch ----------------------------------------------------------------------------
     def run(self, batch_id: int, binput: BatchInput, plan: CompiledPlan, *, purge_bound: int | None,
             emit: bool = True, extra: dict | None = None, write_metrics: bool = True,
-            after_tasks=None) -> dict:
+            after_tasks=None, stats=None) -> dict:
         """Run one batch and commit it. ``purge_bound``: every row of this and later batches has
         ``ts >= purge_bound`` (state tuples that can join none of them go after the batch);
         ``after_tasks(binput) -> (manifest fields, record fields)``: called when the tasks are done, with
         the batch's input holding their counts (:meth:`BatchInput.add_reports`), before the commit: what
         the streaming job keeps with the state from batch to batch (``event_time``: its watermarks,
         :class:`mjoin.engine.watermark.Watermarks`; ``seen_files``: the files it accepted,
-        :class:`mjoin.lake.contract.Seen`) and what it adds to the batch's metrics."""
+        :class:`mjoin.lake.contract.Seen`; ``jobstats``: its own statistics) and what it adds to the batch's
+        metrics. ``stats``: what the stage-1 tasks count for the job's own statistics
+        (:class:`mjoin.stats.instate.Emission`; their reports land in ``binput.jobstats``)."""
         spark, eq, cfg = self.spark, self.eq, self.config
         started = datetime.now(timezone.utc)
         t_batch = time.perf_counter()
@@ -331,11 +347,11 @@ class BatchRunner:
         self.clear_quarantined_rows([batch_id])
         if binput.local is not None:
             docs, stage_seconds, physical, stage = self._run_local(ctx, binput, prev_files, results_dir, tmp,
-                                                                   cache_bytes)
+                                                                   cache_bytes, stats)
             where = "driver"
         else:
             docs, stage_seconds, physical, stage = self._run_spark(ctx, binput, prev_files, results_dir, tmp,
-                                                                   cache_bytes)
+                                                                   cache_bytes, stats)
             where = "executors"
         conf = self.conf()
 
@@ -388,7 +404,7 @@ class BatchRunner:
         return record
 
     def _stages(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
-                cache_bytes: int, stage_input, run_stage, next_input):
+                cache_bytes: int, stage_input, run_stage, next_input, stats=None):
         """Run a batch stage by stage until no partial result is pending: ``run_stage(fn, input)`` runs the
         task function ``fn`` over a stage's input (docs, physical plan), ``next_input(folder)`` is the next
         stage's input from the partial results written there. Returns (docs, stage seconds, physical
@@ -401,11 +417,12 @@ class BatchRunner:
             pause = self.config.pause_at("in_task", ctx.batch_id) if stage == 1 else 0.0
             marker = fsutil.join(self.lake.checkpoints(eq.name), "_control", f"fault_in_task-{ctx.batch_id}.json")
             fn = _stage_task(replace(ctx, stage=stage), self.store.root, prev_files, results_dir, tmp, cache_bytes,
-                             eq.classes, self.quarantine_root, (marker, pause) if pause else None)
+                             eq.classes, self.quarantine_root, (marker, pause) if pause else None,
+                             stats if stage == 1 else None)
             stage_docs, physical[f"stage{stage}"] = run_stage(fn, stage_input)
             self.late_rejects({ctx.batch_id: binput})
             binput.add_reports([d for d in stage_docs if "rejects" in d or stage == 1])
-            stage_docs = [d for d in stage_docs if "rejects" not in d]
+            stage_docs = [d for d in stage_docs if "rejects" not in d and "jobstats" not in d]
             docs += stage_docs
             stage_seconds[f"stage{stage}"] = time.perf_counter() - t0
             if not sum(c["partials"] for d in stage_docs for c in d["chains"]):
@@ -424,7 +441,7 @@ class BatchRunner:
                 write_file_rejects(self.quarantine_root, binput.quarantined_files, b)
 
     def _run_spark(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
-                   cache_bytes: int):
+                   cache_bytes: int, stats=None):
         """The batch's stages as Spark jobs (one per stage)."""
         if binput.routed is not None:
             stage_input = binput.routed
@@ -444,7 +461,8 @@ class BatchRunner:
             return self.partitioned(self.spark.read.schema(self.frame_schema).parquet(folder)
                                     .unionByName(self.conform(routed, full=True)))
 
-        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, spark_stage, next_input)
+        return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, stage_input, spark_stage, next_input,
+                            stats)
 
     def _with_punctuations(self, df, binput: BatchInput, rejects: bool = True):
         if binput.punctuations is None or not binput.punctuations.num_rows:
@@ -452,7 +470,7 @@ class BatchRunner:
         return df.unionByName(self.spark.createDataFrame(to_layout(binput.punctuations, self.input_layout(rejects)[1])))
 
     def _run_local(self, ctx: BucketContext, binput: BatchInput, prev_files: dict, results_dir: str, tmp: str,
-                   cache_bytes: int):
+                   cache_bytes: int, stats=None):
         """The batch's stages on the driver, with the same task function Spark would run (one "task"
         holding every bucket): no Spark job. For small batches of a small state, where Spark's fixed
         cost per job (~0.3-0.5 s here) is most of a micro-batch."""
@@ -467,7 +485,7 @@ class BatchRunner:
             return pa.concat_tables(parts + [to_layout(deltas, self.arrow_schema)])
 
         return self._stages(ctx, binput, prev_files, results_dir, tmp, cache_bytes, first,
-                            driver_stage(self.config.threads_on_driver()), next_input)
+                            driver_stage(self.config.threads_on_driver()), next_input, stats)
 
 
     # ---- metrics --------------------------------------------------------------------------------

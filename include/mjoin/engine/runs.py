@@ -36,5 +36,6 @@ def run_stream(spark, query, lake, *, engine: str = "mjoin", **kwargs):
     _check(engine)
     if engine == "spark-native":
         kwargs.pop("plan", None)
+        kwargs.pop("stats", None)  # the job's own statistics: mjoin's engine only
         return native.run_native_stream(spark, query, lake, **kwargs)
     return stream.run_stream(spark, query, lake, **kwargs)

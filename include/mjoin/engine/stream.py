@@ -17,6 +17,11 @@ Hot plan reload: before every batch the job reads the registry's ACTIVE version
 and switches when it changed (recorded as ``plan_switch``); without an active plan
 it uses the plan given (``plan=``), else the spec's fixed stream order.
 
+The job's own statistics (``stats``, :class:`mjoin.stats.emitted.JobStatistics`, given by the caller: the engine
+knows nothing of the statistics schema): each batch's stage-1 tasks count the statistics cycles its watermark
+made final from the state they hold, the state keeps the lead-in of the cycles still open, and the counts are
+written to the statistics history before the commit (docs/statistics.md, "Where the statistics come from").
+
 Lifecycle (:mod:`mjoin.engine.control`): a run claims the query's job (a second start
 is refused while one runs, a crashed one never blocks a restart), reports its status
 with a heartbeat, and stops at a batch boundary when a stop is requested.
@@ -129,8 +134,9 @@ class StopAtBoundary(Exception):
 class StreamJob:
     """The state of one streaming run: the current plan and the records of its batches."""
 
-    def __init__(self, spark, query, lake, plan, config: EngineConfig):
+    def __init__(self, spark, query, lake, plan, config: EngineConfig, stats=None):
         self.spark = spark
+        self.stats = stats  # the job's own statistics (mjoin.stats.emitted.JobStatistics), or None
         self.query = query
         self.lake = lake
         self.config = config
@@ -378,6 +384,10 @@ class StreamJob:
                             quarantined_files=[r.to_json() for r in inspected.rejects], files=len(entries),
                             late_rejects=None if local else inspected.collect_unreadable)
         prepare_seconds = time.perf_counter() - t0
+        # the job's own statistics: the cycles the watermark made final, counted by the stage-1 tasks; the state
+        # keeps the lead-in of the cycles still open (purged with a bound at most one cycle below the watermark)
+        emission = self.stats.emission(prev, late_before, compiled) if self.stats is not None else None
+        purge = self.stats.purge_bound(late_before, emission) if self.stats is not None else late_before
 
         def after_tasks(done: BatchInput):
             # a file accepted by its footer whose data then did not read joined nothing: not remembered, so a
@@ -393,15 +403,22 @@ class StreamJob:
                     known = after.max_ts.get(f.stream)
                     f.ts_max = known / 1e6 if known is not None else 0.0
             forgotten = seen.forget_before(None if after.watermark is None else after.watermark / 1e6)
-            return ({"event_time": after.to_json(), "seen_files": seen.to_json(), "arrival_cycle": cycle},
-                    {"watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
-                                    "idle": list(after.idle)},
-                     "files_remembered": len(seen.files), "files_forgotten": forgotten})
+            manifest, record = ({"event_time": after.to_json(), "seen_files": seen.to_json(), "arrival_cycle": cycle},
+                                {"watermarks": {"per_stream": after.per_stream(eq.lateness_us), "job": after.watermark,
+                                                "idle": list(after.idle)},
+                                 "files_remembered": len(seen.files), "files_forgotten": forgotten})
+            if self.stats is not None:  # the cycles made final, to the statistics history (before the commit)
+                more_manifest, more_record = self.stats.after_tasks(batch_id, emission, done.jobstats, prev, compiled)
+                manifest.update(more_manifest)
+                record.update(more_record)
+            return manifest, record
 
         try:
             # the state is purged with the watermark the batch started with (safe: every accepted row of
-            # this and later batches is at or above it), after every stage of the batch has probed
-            rec = runner.run(batch_id, binput, compiled, purge_bound=late_before, after_tasks=after_tasks, extra={
+            # this and later batches is at or above it), after every stage of the batch has probed; with the
+            # job's statistics, no further than the first statistics cycle still open
+            rec = runner.run(batch_id, binput, compiled, purge_bound=purge, after_tasks=after_tasks, stats=emission,
+                             extra={
                 "plan_switch": switch, "plan_error": plan_error, "watermark": late_before,
                 "arrivals": [min((e.arrival for e in entries if e.arrival is not None), default=None),
                              max((e.arrival for e in entries if e.arrival is not None), default=None)],
@@ -417,8 +434,8 @@ class StreamJob:
 
 
 def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: float | None = None, plan=None,
-               config: EngineConfig | None = None, timeout: float | None = None, claim: Claim | None = None
-               ) -> StreamSummary:
+               config: EngineConfig | None = None, timeout: float | None = None, claim: Claim | None = None,
+               stats=None) -> StreamSummary:
     """Run the streaming join of ``query`` over ``lake`` (results, metrics, state, checkpoint in the lake).
 
     ``trigger="availableNow"`` processes what has landed and returns; ``"processingTime"``
@@ -427,6 +444,7 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     a second start is refused at once); else claimed here. A filesystem error (a full disk, a read-only
     folder) ends the run with :class:`~mjoin.engine.failure.JobFailed`, whose message names the cause and the
     path; ``job status`` records it (``failed``).
+    ``stats``: the job's own statistics (:class:`mjoin.stats.emitted.JobStatistics`), or None.
     """
     if trigger not in ("availableNow", "processingTime"):
         raise EngineError(f"unknown trigger {trigger!r} (availableNow, processingTime)")
@@ -447,7 +465,7 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
         before.setdefault(CHECKPOINT_MANAGER_KEY, spark.conf.get(CHECKPOINT_MANAGER_KEY, None))
         spark.conf.set(CHECKPOINT_MANAGER_KEY, manager)
     try:
-        job = StreamJob(spark, query, lake, plan, config)
+        job = StreamJob(spark, query, lake, plan, config, stats=stats)
         job.on_batch_end = watcher.batch_ended
         writer = (source_frame(spark, lake, query, lake.checkpoints(query.name), config).writeStream
                   .foreachBatch(job.run_batch)

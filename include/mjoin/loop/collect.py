@@ -15,8 +15,8 @@ from mjoin.gates.input import check_input as input_gate, first_arrival
 from mjoin.gates.stats import check_statistics as statistics_gate
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
-from mjoin.loop.config import (LoopConfig, NoChange, StepFailed, covered_until, finish_gate, interval_for, run_dir,
-                               stats_root, write_doc)
+from mjoin.loop.config import (STATISTICS_REPORT, LoopConfig, NoChange, StepFailed, covered_until, finish_gate,
+                               interval_for, run_dir, stats_root, write_doc)
 from mjoin.model.plan import make_plan, orders_from_permutation
 from mjoin.model.timeutil import iso, parse_time
 from mjoin.runtime import fsutil
@@ -69,7 +69,7 @@ def prepare(cfg: LoopConfig, logical_date) -> dict:
            "clipped_from": clipped, "coverage": covered, "stats_from": iso(stats_from), "skip": skip,
            "prepared_at": iso(datetime.now(timezone.utc)), "config": cfg.to_json()}
     ctx["join_args"] = join_args(cfg, query, start, end, folder)
-    ctx["stats_args"] = stats_args(cfg, query, stats_from, end)
+    ctx["stats_args"] = stats_args(cfg, query, stats_from, end, folder)
     ctx["join_stats_args"] = ctx["join_args"] + ["--stats"] + ctx["stats_args"]  # cycle mode: one spark-submit
     write_doc(fsutil.join(folder, "context.json"), ctx)
     log.info("re-optimization of %s for [%s, %s) (logical date %s%s), %s mode (%s), in %s", query.name, ctx["start"],
@@ -175,9 +175,16 @@ def join_args(cfg: LoopConfig, query, start, end, folder: str) -> list[str]:
     return base + ["--stream", "--trigger", "availableNow"] + (["--plan", plan] if plan and cfg.initial_order else [])
 
 
-def stats_args(cfg: LoopConfig, query, start, end) -> list[str]:
+def stats_args(cfg: LoopConfig, query, start, end, folder: str | None = None) -> list[str]:
+    """Arguments of ``jobs/stats.py`` for this run. Continuous mode (``job_statistics``): the step uses the cycles
+    the running join job emitted and reads no stream, falling back to the statistics job when the job emitted
+    none or not all (stopped, lagging); ``statistics.json`` in the run folder says which (:func:`statistics_source`)."""
     args = ["--query", cfg.query, "--lake", cfg.lake, "--from", iso(start), "--to", iso(end), "--cycle", str(cfg.cycle),
             "--mode", cfg.stats_mode]
+    if cfg.mode == "continuous" and cfg.job_statistics and not cfg.namespace and cfg.stats_mode == "exact":
+        args += ["--prefer-job"]
+    if folder:
+        args += ["--report", fsutil.join(folder, STATISTICS_REPORT)]
     return args + (["--namespace", cfg.namespace] if cfg.namespace else [])
 
 

@@ -73,6 +73,8 @@ class LoopConfig:
     partition_method: str = "auto"
     partition_groups: str = "auto"
     deploy_timeout: float = 600.0  # continuous mode: wait this long for the job to switch
+    #: continuous mode: the statistics step uses the cycles the join job emitted (else the statistics job)
+    job_statistics: bool = True
     #: a cycle counts as complete once every stream landed it (or a later cycle), or this long after its end
     landing_allowance: float = 30.0
     run_id: str = ""
@@ -238,6 +240,20 @@ def read_doc(path: str):
 def read_optional(folder: str, name: str) -> dict:
     path = fsutil.join(folder, name)
     return read_doc(path) if fsutil.exists(path) else {}
+
+
+STATISTICS_REPORT = "statistics.json"
+
+
+def statistics_source(folder: str) -> dict | None:
+    """Where the run's statistics came from (``statistics.json`` of the run folder, written by its statistics
+    step): ``source`` ``job`` (the cycles the join job emitted) or ``standalone`` (the statistics job), and when
+    it fell back to the statistics job, why (``fallback``). None: the step did not report."""
+    doc = read_optional(folder, STATISTICS_REPORT)
+    if not doc:
+        return None
+    return {k: doc[k] for k in ("source", "fallback", "cycles", "from_job", "waited_seconds", "wall_seconds")
+            if k in doc}
 
 
 def stats_root(cfg: LoopConfig) -> str:

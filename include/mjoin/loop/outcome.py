@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 
 from mjoin.lake.registry import PlanRegistry
-from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, write_doc
+from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, statistics_source, write_doc
 from mjoin.model.timeutil import iso
 from mjoin.runtime import fsutil
 
@@ -135,8 +135,11 @@ def record(cfg: LoopConfig, ctx: dict, states: dict, dag_id: str = "") -> dict:
                "active_version": reg.active_version(), "deployed": status == "deployed",
                "switch": switch or None, "estimated_gain": details.get("improvement"),
                "threshold": details.get("threshold", cfg.improvement_threshold),
-               "gates": gates, "changes": changes, "failed_tasks": failed, "tasks": states,
+               "gates": gates, "statistics": statistics_source(folder), "changes": changes, "failed_tasks": failed,
+               "tasks": states,
                "recorded_at": iso(datetime.now(timezone.utc))}
+    if (outcome["statistics"] or {}).get("fallback"):
+        log.warning("statistics from the statistics job, not the join job's: %s", outcome["statistics"]["fallback"])
     write_doc(fsutil.join(folder, "outcome.json"), outcome)
     log.info("outcome %s: %s%s (active v%s)%s", ctx["end"], status, f" v{version}" if version is not None else "",
              outcome["active_version"], f": {reason}" if reason and status == "failed" else "")

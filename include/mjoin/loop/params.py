@@ -71,6 +71,10 @@ REOPTIMIZE_PARAMS = {
              "auto: continuous while the streaming join job of the query runs (mjoin_join_job), else cycle; "
              "cycle: join each interval in this run (availableNow); continuous: the running join job hot-reloads "
              "the new plan (backfill runs always use cycle)"),
+    "job_statistics": (True, "boolean", {}, "continuous mode: the statistics step uses the cycles the running join "
+                                             "job emitted (it computes them from its state; docs/statistics.md); off, "
+                                             "or when the job emitted none or not all, the statistics job reads the "
+                                             "streams"),
     "landing_allowance": (30, "integer", {"minimum": 0, "maximum": 86400},
                           "seconds after a cycle's end after which a source without a folder for it counts as having "
                           "no rows in it (a cycle every source has landed, or passed, is complete at once)"),

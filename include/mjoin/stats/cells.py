@@ -12,9 +12,8 @@ from their cells, so the first run after a change is not blind.
 
 - hash rules ``D | B`` and table rules of modulus ``M | B`` are unions of ``B`` buckets;
 - range rules whose bounds are edges of the range cells are unions of range cells;
-- no rule (one group) is the union of all cells; its ``tuples`` and ``lambda`` get the
-  cycle's NULL-key rows back (``_cycle.json``'s ``null_keys``), which belong to no cell
-  (their ``window_tuples`` do not come back: noted in the docs).
+- no rule (one group) is the union of all cells (every row the statistics count has a key, so
+  every one is in a cell: rows with a NULL key are only in the cycle's NULL-key counts).
 """
 from __future__ import annotations
 
@@ -155,10 +154,7 @@ def history_for_rule(root, query_name: str, rule: dict | None, start=None, end=N
                 mapping = None if not cell_rule else cell_map(cell_rule, rule)
                 if mapping is None:
                     continue
-                rows = regroup_rows(cells[cstarts == cyc], mapping, num_groups(rule))
-                if not rule:
-                    rows = _add_null_keys(rows, metas[cyc])
-                parts.append(rows)
+                parts.append(regroup_rows(cells[cstarts == cyc], mapping, num_groups(rule)))
                 keep[cyc] = {**metas[cyc], "partitioning": rule, "regrouped_from": cell_rule}
                 report["regrouped"][kind] = report["regrouped"].get(kind, 0) + 1
                 done.append(cyc)
@@ -171,16 +167,3 @@ def history_for_rule(root, query_name: str, rule: dict | None, start=None, end=N
     out.attrs["cycles"] = {c: {**m, "partitioning": rule} for c, m in keep.items()}
     return out, report
 
-
-def _add_null_keys(rows: pd.DataFrame, meta: dict) -> pd.DataFrame:
-    """One group holding every key: add the cycle's NULL-key rows (no cell holds them) to ``tuples``/``lambda``."""
-    nulls = meta.get("null_keys") or {}
-    if not nulls or rows.empty:
-        return rows
-    rows = rows.copy()
-    for s, per_col in nulls.items():
-        n = max((float(v) for v in (per_col or {}).values()), default=0.0)
-        sel = (rows["entity"] == "stream") & (rows["stream"] == s)
-        rows.loc[sel, "tuples"] = rows.loc[sel, "tuples"] + n
-        rows.loc[sel, "lambda"] = rows.loc[sel, "tuples"] / rows.loc[sel, "cycle_seconds"]
-    return rows

@@ -143,12 +143,14 @@ def cycle_counts(base, grid: Grid, nclasses: int) -> pd.DataFrame:
     return _pdf(base.withColumn("j", F.expr(j)).groupBy("sid", "g", "j").agg(*aggs))
 
 
-def window_tuples(base, grid: Grid, windows_us: list[int]) -> pd.DataFrame:
-    """Per ``(sid, g, j)``: tuples in the window state at the end of cycle ``j``."""
+def window_tuples(base, grid: Grid, windows_us: list[int], stream_classes: list[list[int]]) -> pd.DataFrame:
+    """Per ``(sid, g, j)``: tuples in the window state at the end of cycle ``j`` (rows with a key: a row with a
+    NULL key is not in the join's state)."""
     w = case_sid(windows_us)
     ja = cdiv(f"t - {grid.t0_us + grid.tau_us}", grid.tau_us)
     jb = cdiv(f"t + ({w}) - {grid.t0_us + grid.tau_us}", grid.tau_us)
-    ev = (base.where("t IS NOT NULL AND g IS NOT NULL")
+    keyed = case_sid([f"k{cs[0]} IS NOT NULL" for cs in stream_classes], "false")
+    ev = (base.where(f"t IS NOT NULL AND g IS NOT NULL AND ({keyed})")
           .select("sid", "g", F.expr(f"stack(2, greatest({ja}, 0), 1, greatest({jb}, 0), -1) AS (j, d)"))
           .where(f"j < {grid.n}")
           .groupBy("sid", "g", "j").agg(F.sum("d").alias("d")))

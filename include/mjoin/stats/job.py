@@ -183,15 +183,8 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
             kr = hist.groupby(["sid", "ci"]).agg(lo=("kmin", "min"), hi=("kmax", "max"))
             key_range = {(int(a), int(c)): (int(r.lo), int(r.hi)) for (a, c), r in kr.iterrows()}
     t = time.perf_counter()
-    run = _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes)
-    for (kind, rule), fr in zip(cell_sets.items(), cell_frames):
-        rows = _assemble(query, grid, replace(config, partitioning=rule), fr["counts"], fr["window_tuples"],
-                         fr["kappa"], fr["edges"], None, stream_classes, classes).rows
-        rows.attrs.clear()
-        run.cells[kind] = (rule, rows)
-    for m in run.cycle_meta.values():
-        m["cells"] = {kind: rule for kind, (rule, _) in run.cells.items()}
-    run.rows.attrs["cycles"] = {iso(e): m for e, m in run.cycle_meta.items()}
+    run = assemble_run(query, grid, config, {"counts": counts, "window_tuples": wt, "kappa": kap, "edges": edges,
+                                             "histogram": hist, "cells": cell_frames}, cell_sets)
     timings["assemble"] = time.perf_counter() - t
     if getattr(query, "bands", ()):  # edges a band filters: their matches as the engine keeps them
 
@@ -207,6 +200,36 @@ def compute_statistics(spark, query, lake, start, end, cycle_seconds, config: St
     run.summary["wall_seconds"] = {"compute": time.perf_counter() - t_start, **timings}
     run.summary["spark"] = session_info(spark)
     return run
+
+
+def assemble_run(query, grid: Grid, config: StatsConfig, frames: dict, cell_sets: dict | None = None) -> StatsRun:
+    """The tidy rows, per-cycle meta, histogram and per-cell rows of every cycle of ``grid`` from the summed
+    partial counts (``frames``: what :func:`mjoin.stats.kernel.reduce_partials` gives; ``cell_sets``: the cell
+    rules, ``{kind: rule}``, in the order of ``frames["cells"]``). The standalone job and the streaming job's
+    own statistics (:mod:`mjoin.stats.emitted`) both assemble with it: one schema, one assembly."""
+    classes = query.all_classes
+    stream_classes = [[classes.index(c) for c in query.all_classes_of(s)] for s in query.stream_names]
+    run = _assemble(query, grid, config, frames["counts"], frames["window_tuples"], frames["kappa"], frames["edges"],
+                    frames.get("histogram"), stream_classes, classes)
+    for (kind, rule), fr in zip((cell_sets or {}).items(), frames.get("cells") or []):
+        rows = _assemble(query, grid, replace(config, partitioning=rule), fr["counts"], fr["window_tuples"],
+                         fr["kappa"], fr["edges"], None, stream_classes, classes).rows
+        rows.attrs.clear()
+        run.cells[kind] = (rule, rows)
+    for m in run.cycle_meta.values():
+        m["cells"] = {kind: rule for kind, (rule, _) in run.cells.items()}
+    run.rows.attrs["cycles"] = {iso(e): m for e, m in run.cycle_meta.items()}
+    return run
+
+
+def write_run(root: str, query, grid: Grid, run: StatsRun) -> None:
+    """Replace the cycles of ``grid`` in the history under ``root`` with ``run``'s (each cycle folder atomically:
+    the per-cell rows first, so a cycle present has its cells)."""
+    history.check_grid(root, query.name, grid.t0_us / US, grid.t1_us / US, grid.tau)
+    epochs = [grid.start_epoch(j) for j in range(grid.n)]
+    for kind, (_, rows) in run.cells.items():
+        history.write_cells(root, query.name, kind, epochs, rows)
+    history.write_cycles(root, query.name, epochs, run.rows, run.cycle_meta, run.histogram)
 
 
 def cell_rules(query, config: StatsConfig, reports) -> tuple[dict, str]:
@@ -267,7 +290,7 @@ def _sql_path(spark, base, grid, config, windows_us, stream_classes, class_membe
         counts = exact.cycle_counts(base, grid, nclasses)
         timings["read_and_count"] = time.perf_counter() - t
         t = time.perf_counter()
-        wt = exact.window_tuples(base, grid, windows_us)
+        wt = exact.window_tuples(base, grid, windows_us, stream_classes)
         timings["window_tuples"] = time.perf_counter() - t
         t = time.perf_counter()
         hist = exact.histogram(base, grid, stream_classes, config.histogram_buckets)
@@ -301,10 +324,7 @@ def run_statistics(spark, query, lake, start, end, cycle_seconds, *, out=None,
     history.check_grid(root, query.name, grid.t0_us / US, grid.t1_us / US, grid.tau)
     run = compute_statistics(spark, query, lake, start, end, cycle_seconds, config)
     t = time.perf_counter()
-    epochs = [grid.start_epoch(j) for j in range(grid.n)]
-    for kind, (_, rows) in run.cells.items():  # before the cycles: a cycle present has its cells
-        history.write_cells(root, query.name, kind, epochs, rows)
-    history.write_cycles(root, query.name, epochs, run.rows, run.cycle_meta, run.histogram)
+    write_run(root, query, grid, run)
     run.summary["wall_seconds"]["write"] = time.perf_counter() - t
     run.summary["wall_seconds"]["total"] = time.perf_counter() - t_start
     run.summary["out"] = history.query_dir(root, query.name)
@@ -319,13 +339,25 @@ def _dense(df: pd.DataFrame, keys: list[str], value: str, shape: tuple, valid=No
     arr = np.zeros(shape, dtype=np.float64)
     if df is None or df.empty:
         return arr
-    sub = df.dropna(subset=keys)
-    idx = [sub[k].to_numpy(dtype=np.int64) for k in keys]
-    ok = np.ones(len(sub), dtype=bool)
+    idx = [df[k].to_numpy(dtype=np.float64) for k in keys]  # NULL -> NaN (numpy: pandas' dropna was most of it)
+    ok = np.ones(len(df), dtype=bool)
     for i, n in zip(idx, shape):
-        ok &= (i >= 0) & (i < n)
-    np.add.at(arr, tuple(i[ok] for i in idx), sub[value].to_numpy(dtype=np.float64)[ok])
+        ok &= (i >= 0) & (i < n)  # False for NaN
+    np.add.at(arr, tuple(i[ok].astype(np.int64) for i in idx), df[value].to_numpy(dtype=np.float64)[ok])
     return arr
+
+
+def _keyed(counts: pd.DataFrame, stream_classes) -> pd.DataFrame:
+    """``counts`` with a column ``keyed``: each row's NN of its stream's first class."""
+    if counts is None or not len(counts):
+        return pd.DataFrame(columns=["sid", "g", "j", "keyed"])
+    first = np.array([cs[0] for cs in stream_classes], dtype=np.int64)[counts["sid"].to_numpy(dtype=np.int64)]
+    out = counts.copy()
+    out["keyed"] = 0.0
+    for ci in np.unique(first):
+        sel = first == ci
+        out.loc[sel, "keyed"] = counts.loc[sel, f"nn{ci}"].to_numpy(dtype=np.float64)
+    return out
 
 
 def _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes, classes) -> StatsRun:
@@ -337,7 +369,9 @@ def _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes,
     S = len(names)
     sid_of = {s: i for i, s in enumerate(names)}
     C = len(classes)
-    tuples = _dense(counts, ["sid", "g", "j"], "rows", (S, G, n))
+    # tuples: the rows with a key (the first class's NN: a row with a NULL key is not in the join's state, and
+    # the readers give a row with a NULL in any of its stream's keys a NULL key in every class)
+    tuples = _dense(_keyed(counts, stream_classes), ["sid", "g", "j"], "keyed", (S, G, n))
     wts = _dense(wt, ["sid", "g", "j"], "window_tuples", (S, G, n))
     kap_all = _dense(kap, ["sid", "ci", "g", "j"], "kappa", (S, C, G, n))
     kappa = kap_all[np.arange(S), [cs[0] for cs in stream_classes]]  # (S, G, n): over the first class
@@ -408,7 +442,8 @@ def _assemble(query, grid, config, counts, wt, kap, edges, hist, stream_classes,
                     for sid, s in enumerate(names) if len(stream_classes[sid]) > 1}
         meta[epoch] = {
             "query": query.name, "query_fingerprint": query.fingerprint, "cycle_start": iso(epoch),
-            "cycle_seconds": tau, "mode": config.mode, "partitioning": config.partitioning, "groups": G,
+            "cycle_seconds": tau, "mode": config.mode, "source": "standalone",
+            "partitioning": config.partitioning, "groups": G,
             "null_keys": null_keys,
             "null_partition_key": ({s: float(null_part[sid, j]) for sid, s in enumerate(names)}
                                    if config.partitioning else {}),
@@ -444,11 +479,12 @@ def _summary(query, grid, config, counts, key_range, reports, stream_classes, cl
         mine = counts[counts["sid"] == sid] if len(counts) else counts
         inside = mine[(mine["j"] >= 0) & (mine["j"] < grid.n)] if len(mine) else mine
         tot = float(inside["rows"].sum()) if len(inside) else 0.0
+        first = stream_classes[sid][0]
         rec = reports[s].to_json()
         rec.update({
             "rows_read": int(mine["rows"].sum()) if len(mine) else 0,
             "bad_event_time": int(mine[mine["j"] == -2]["rows"].sum()) if len(mine) else 0,
-            "tuples": int(tot),
+            "tuples": int(inside[f"nn{first}"].sum()) if len(inside) else 0,  # rows with a key (NULL keys apart)
             "null_keys": {query.key_column(s, classes[ci]): int(tot - (inside[f"nn{ci}"].sum() if len(inside) else 0))
                           for ci in stream_classes[sid]},
         })

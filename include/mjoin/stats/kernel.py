@@ -15,8 +15,10 @@ of ``s`` at ``t``: rows with ``t - W_s < ts <= t``):
 
 - ``ROWS`` (copy of the stream's first class only, so each row counts once):
   rows per ``(sid, g, j)``, ``j = -2`` NULL event time, ``-1`` lead-in, ``n`` at T1;
-- ``NN``: rows with a non-NULL key per ``(sid, ci, g, j)`` (NULL keys = ROWS - NN);
-- ``WT``: window_tuples deltas: a row is in the state at the cycle ends ``ja..jb-1``
+- ``NN``: rows with a non-NULL key per ``(sid, ci, g, j)`` (NULL keys = ROWS - NN; the readers give a
+  row with a NULL in any of its stream's keys a NULL key in every class, as the engine quarantines it
+  whole: ``tuples`` is the first class's ``NN``);
+- ``WT``: window_tuples deltas of the rows with a key: a row is in the state at the cycle ends ``ja..jb-1``
   (+1 at ``ja``, -1 at ``jb``); prefix sums on the driver;
 - ``KAPPA``: distinct-key deltas: per ``(sid, g, key)`` the union of its rows' ranges
   ``[ja, jc]`` of cycle ends (rows sorted by time: ranges grow monotonically, so the
@@ -141,6 +143,26 @@ def _rank(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(values, return_inverse=True)
 
 
+def union_runs(gkey: np.ndarray, a_: np.ndarray, c_: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct-key runs (Eq. 11): each row of id ``gkey`` is in the state at the cycle ends ``[a_, c_]``
+    (``0 <= a_ <= c_ < n``); per id, the union of its rows' ranges as the parts ``(id, start, end)`` that each
+    row adds to the ranges of the rows before it. Sorted by ``(id, a_, c_)``: rows of one id sorted by time have
+    non-decreasing ``(a_, c_)``, so a row adds ``[max(a_, previous end + 1), c_]`` when that is not empty."""
+    if len(gkey) and int(gkey.max()) < _I64_MAX // max(n * n, 1):
+        srt = np.sort(gkey * (n * n) + a_ * n + c_)
+        gkey, a_ = np.divmod(srt, n * n)
+        a_, c_ = np.divmod(a_, n)
+    else:
+        order = np.lexsort((c_, a_, gkey))
+        gkey, a_, c_ = gkey[order], a_[order], c_[order]
+    prev = np.full(len(gkey), -1, dtype=np.int64)
+    if len(gkey) > 1:
+        prev[1:] = np.where(gkey[1:] == gkey[:-1], c_[:-1], -1)
+    start = np.maximum(a_, prev + 1)
+    grow = start <= c_
+    return gkey[grow], start[grow], c_[grow]
+
+
 def _col(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """An integer column as int64 numpy (NULL -> 0) and its validity mask."""
     c = table.column(name)
@@ -232,8 +254,8 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
         out.add(kind, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr - 2, v0=v)
 
     live = t_ok & g_ok  # rows that are in some window state
-    # ---- WT: window_tuples deltas (first-class copy; NULL keys occupy state too) -----------------
-    m = live & first
+    # ---- WT: window_tuples deltas (first-class copy; a row with a NULL key is not in the join's state) -----
+    m = live & first & k_ok
     if m.any():
         c, v = _window_deltas(*_window_cycles(t[m], W[m], T0, tau), (sid[m] * G + gid[m]) * n, n)
         sg, jr = np.divmod(c, n)
@@ -268,34 +290,19 @@ def _class_partials(out: _Out, ci, sid, t, t_ok, g, g_ok, key, k_ok, p: Params) 
     ok = ja <= jc
     if ok.any():
         gkey = (ks[ok] * G + kg[ok]) * K + kinv[ok]  # one id per (sid, g, key)
-        a_, c_ = ja[ok], jc[ok]
-        if int(gkey.max()) < _I64_MAX // max(n * n, 1):
-            srt = np.sort(gkey * (n * n) + a_ * n + c_)
-            gkey, a_ = np.divmod(srt, n * n)
-            a_, c_ = np.divmod(a_, n)
-        else:
-            order = np.lexsort((c_, a_, gkey))
-            gkey, a_, c_ = gkey[order], a_[order], c_[order]
-        # within an id, rows sorted by time have non-decreasing (ja, jc): the union grows by
-        # [max(ja, previous jc + 1), jc]
-        prev = np.full(len(gkey), -1, dtype=np.int64)
-        same = np.zeros(len(gkey), dtype=bool)
-        same[1:] = gkey[1:] == gkey[:-1]
-        prev[1:] = np.where(same[1:], c_[:-1], -1)
-        start = np.maximum(a_, prev + 1)
-        grow = start <= c_
-        sg = gkey[grow] // K
-        codes = np.concatenate([sg * n + start[grow], sg * n + c_[grow] + 1])
-        w = np.concatenate([np.ones(int(grow.sum())), -np.ones(int(grow.sum()))])
-        inside = np.concatenate([start[grow], c_[grow] + 1]) < n
+        gkey, start, end = union_runs(gkey, ja[ok], jc[ok], n)
+        sg = gkey // K
+        codes = np.concatenate([sg * n + start, sg * n + end + 1])
+        w = np.concatenate([np.ones(len(start)), -np.ones(len(start))])
+        inside = np.concatenate([start, end + 1]) < n
         c, v = _sum_by(codes[inside], w[inside])
         sg2, jr = np.divmod(c, n)
         s_, gi = np.divmod(sg2, G)
         out.add(KAPPA, len(c), sid=s_, ci=ci, g=g_out(gi), j=jr, v0=v)
         for i, lab_k in enumerate(cell_labels):  # the same runs, per (sid, cell of the key)
             L = int(lab_k.max()) + 1 if len(lab_k) else 1
-            sl = (sg // G) * L + lab_k[gkey[grow] % K]
-            codes = np.concatenate([sl * n + start[grow], sl * n + c_[grow] + 1])
+            sl = (sg // G) * L + lab_k[gkey % K]
+            codes = np.concatenate([sl * n + start, sl * n + end + 1])
             c, v = _sum_by(codes[inside], w[inside])
             sl2, jr = np.divmod(c, n)
             s_, li = np.divmod(sl2, L)
@@ -393,63 +400,121 @@ def reduce_partials(table: pa.Table, p: Params, nclasses: int) -> dict:
 
     ``counts`` (sid, g, j, rows, nn0..), ``window_tuples`` (sid, g, j, window_tuples),
     ``kappa`` (sid, ci, g, j, kappa), ``edges`` (ci, g, j, l, r, q, m, s),
-    ``histogram`` (sid, ci, j, bucket, tuples) and ``key_range`` {(sid, ci): (min, max)}."""
+    ``histogram`` (sid, ci, j, bucket, tuples) and ``key_range`` {(sid, ci): (min, max)}.
+
+    Group sums in numpy (a code per key combination, one ``bincount`` per value): the driver sums them for
+    every run of the statistics job and every cycle the join job emits, where pandas' groupby and merges
+    were most of the driver's time."""
     import pandas as pd  # driver only: the Python workers never import pandas for this
-    df = table.to_pandas()
     n = p.n
-    by = {k: df[df["kind"] == k] for k in range(7)}
+    cols = {name: _col(table, name) for name in ("kind", "sid", "r", "ci", "g", "j", "x", "v0", "v1", "v2")}
+    kind = cols["kind"][0]
 
-    def agg(frame, keys, cols):  # noqa: E306
-        if frame.empty:
-            return pd.DataFrame(columns=keys + cols)
-        return frame.groupby(keys, dropna=False, sort=True)[cols].sum().reset_index()
+    def agg(kinds, keys, values, rename=None):  # noqa: E306
+        sel = np.isin(kind, kinds) if isinstance(kinds, tuple) else kind == kinds
+        return _group_sum({k: (cols[k][0][sel], None if k != "g" else cols[k][1][sel]) for k in keys},
+                          {v: cols[v][0][sel] for v in values}, rename or {})
 
-    rows = agg(by[ROWS], ["sid", "g", "j"], ["v0"]).rename(columns={"v0": "rows"})
-    nn = agg(by[NN], ["sid", "ci", "g", "j"], ["v0"])
-    counts = rows
+    counts = agg(ROWS, ["sid", "g", "j"], ["v0"], {"v0": "rows"})
+    nn = agg(NN, ["sid", "ci", "g", "j"], ["v0"])
     for ci in range(nclasses):
-        part = nn[nn["ci"] == ci][["sid", "g", "j", "v0"]].rename(columns={"v0": f"nn{ci}"})
-        counts = counts.merge(part, on=["sid", "g", "j"], how="left") if len(counts) else counts.assign(**{f"nn{ci}": []})
-        counts[f"nn{ci}"] = counts[f"nn{ci}"].fillna(0).astype(np.int64)
-    wt = _prefix(agg(by[WT], ["sid", "g", "j"], ["v0"]), ["sid", "g"], n, "window_tuples")
-    kap = _prefix(agg(by[KAPPA], ["sid", "ci", "g", "j"], ["v0"]), ["sid", "ci", "g"], n, "kappa")
-    edges = agg(by[EDGE], ["ci", "g", "j", "sid", "r"], ["v0", "v1", "v2"]).rename(
-        columns={"sid": "l", "v0": "q", "v1": "m", "v2": "s"})
-    hist = agg(by[HIST], ["sid", "ci", "j", "x"], ["v0"]).rename(columns={"x": "bucket", "v0": "tuples"})
-    kr = by[KEYRANGE]
+        counts[f"nn{ci}"] = _lookup(counts, nn[nn["ci"] == ci], ["sid", "g", "j"], "v0")
+    wt = _prefix(agg(WT, ["sid", "g", "j"], ["v0"]), ["sid", "g"], n, "window_tuples")
+    kap = _prefix(agg(KAPPA, ["sid", "ci", "g", "j"], ["v0"]), ["sid", "ci", "g"], n, "kappa")
+    edges = agg(EDGE, ["ci", "g", "j", "sid", "r"], ["v0", "v1", "v2"],
+                {"sid": "l", "v0": "q", "v1": "m", "v2": "s"})
+    hist = agg(HIST, ["sid", "ci", "j", "x"], ["v0"], {"x": "bucket", "v0": "tuples"})
     key_range = {}
-    if len(kr):
-        g = kr.groupby(["sid", "ci"]).agg(lo=("v1", "min"), hi=("v2", "max"))
-        key_range = {(int(s), int(c)): (int(r.lo), int(r.hi)) for (s, c), r in g.iterrows()}
+    sel = kind == KEYRANGE
+    if sel.any():
+        sc = cols["sid"][0][sel] * (nclasses + 1) + cols["ci"][0][sel]
+        for code in np.unique(sc):
+            m = sc == code
+            key_range[(int(code // (nclasses + 1)), int(code % (nclasses + 1)))] = (
+                int(cols["v1"][0][sel][m].min()), int(cols["v2"][0][sel][m].max()))
     cells = []
     for i in range(len(p.cells)):
         base_kind = CELL_KIND * (i + 1)
-        rows_c = agg(df[df["kind"] == base_kind + ROWS], ["sid", "g", "j"], ["v0"]).rename(columns={"v0": "rows"})
+        rows_c = agg(base_kind + ROWS, ["sid", "g", "j"], ["v0"], {"v0": "rows"})
         rows_c["nn0"] = rows_c["rows"]
         cells.append({
             "counts": rows_c,
-            "window_tuples": _prefix(agg(df[df["kind"] == base_kind + WT], ["sid", "g", "j"], ["v0"]), ["sid", "g"], n,
+            "window_tuples": _prefix(agg(base_kind + WT, ["sid", "g", "j"], ["v0"]), ["sid", "g"], n,
                                      "window_tuples"),
-            "kappa": _prefix(agg(df[df["kind"] == base_kind + KAPPA], ["sid", "ci", "g", "j"], ["v0"]),
-                             ["sid", "ci", "g"], n, "kappa"),
-            "edges": agg(df[df["kind"] == base_kind + EDGE], ["ci", "g", "j", "sid", "r"], ["v0", "v1", "v2"]).rename(
-                columns={"sid": "l", "v0": "q", "v1": "m", "v2": "s"}),
+            "kappa": _prefix(agg(base_kind + KAPPA, ["sid", "ci", "g", "j"], ["v0"]), ["sid", "ci", "g"], n, "kappa"),
+            "edges": agg(base_kind + EDGE, ["ci", "g", "j", "sid", "r"], ["v0", "v1", "v2"],
+                         {"sid": "l", "v0": "q", "v1": "m", "v2": "s"}),
         })
     return {"counts": counts, "window_tuples": wt, "kappa": kap, "edges": edges, "histogram": hist,
             "key_range": key_range, "cells": cells}
+
+
+def _group_code(keys: dict) -> tuple[np.ndarray, list]:
+    """One int64 code per row for the key columns ``{name: (values, valid or None)}``, and per column what
+    decodes it: ``(name, distinct values, nullable)`` (rank 0 is NULL in a nullable column)."""
+    code = np.zeros(len(next(iter(keys.values()))[0]), dtype=np.int64)
+    parts = []
+    for name, (vals, valid) in keys.items():
+        u, inv = _rank(vals)
+        nullable = valid is not None and not valid.all()
+        if nullable:
+            inv = np.where(valid, inv + 1, 0)
+        code = code * (len(u) + int(nullable)) + inv
+        parts.append((name, u, nullable))
+    return code, parts
+
+
+def _group_sum(keys: dict, values: dict, rename: dict):
+    """``keys`` and the sums of ``values`` per distinct key combination, sorted by the keys (NULL first), as a
+    frame (a nullable key column as float with NaN, as pandas' groupby with ``dropna=False`` gives it)."""
+    names = list(keys) + list(values)
+    if not len(next(iter(keys.values()))[0]):
+        return pd.DataFrame(columns=[rename.get(c, c) for c in names])
+    code, parts = _group_code(keys)
+    u, inv = np.unique(code, return_inverse=True)
+    out = {}
+    rest = u.copy()
+    for name, distinct, nullable in reversed(parts):
+        size = len(distinct) + int(nullable)
+        rest, digit = np.divmod(rest, size)
+        if nullable:
+            out[name] = np.where(digit > 0, distinct[np.maximum(digit - 1, 0)].astype(np.float64), np.nan)
+        else:
+            out[name] = distinct[digit]
+    for name, vals in values.items():
+        out[name] = np.rint(np.bincount(inv, weights=vals.astype(np.float64), minlength=len(u))).astype(np.int64)
+    return pd.DataFrame({rename.get(c, c): out[c] for c in names})
+
+
+def _lookup(frame, other, keys: list[str], value: str) -> np.ndarray:
+    """``other``'s ``value`` at each row of ``frame`` with the same ``keys`` (0 where it has none)."""
+    if not len(frame):
+        return np.zeros(0, dtype=np.int64)
+    if not len(other):
+        return np.zeros(len(frame), dtype=np.int64)
+    both = {k: np.concatenate([frame[k].to_numpy(dtype=np.float64), other[k].to_numpy(dtype=np.float64)])
+            for k in keys}
+    nulls = {k: ~np.isnan(v) for k, v in both.items()}
+    code, _ = _group_code({k: (np.nan_to_num(v, nan=0).astype(np.int64), nulls[k]) for k, v in both.items()})
+    mine, theirs = code[:len(frame)], code[len(frame):]
+    order = np.argsort(theirs, kind="stable")
+    pos = np.minimum(np.searchsorted(theirs[order], mine), len(theirs) - 1)
+    hit = theirs[order][pos] == mine
+    vals = other[value].to_numpy(dtype=np.int64)[order][pos]
+    return np.where(hit, vals, 0).astype(np.int64)
 
 
 def _prefix(deltas, keys: list[str], n: int, name: str):
     """``(keys..., j, v0)`` deltas -> ``(keys..., j, name)`` prefix sums over ``j = 0..n-1`` (every j)."""
     if deltas.empty or n <= 0:
         return pd.DataFrame(columns=keys + ["j", name])
-    ids = deltas[keys].drop_duplicates().reset_index(drop=True)
-    ids["_i"] = np.arange(len(ids))
-    d = deltas.merge(ids, on=keys, how="left")
-    grid = np.zeros((len(ids), n), dtype=np.int64)
-    np.add.at(grid, (d["_i"].to_numpy(), d["j"].to_numpy(dtype=np.int64)), d["v0"].to_numpy(dtype=np.int64))
+    arrays = {k: deltas[k].to_numpy(dtype=np.float64) for k in keys}
+    code, _ = _group_code({k: (np.nan_to_num(v, nan=0).astype(np.int64), ~np.isnan(v)) for k, v in arrays.items()})
+    u, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    grid = np.zeros((len(u), n), dtype=np.int64)
+    np.add.at(grid, (inv, deltas["j"].to_numpy(dtype=np.int64)), deltas["v0"].to_numpy(dtype=np.int64))
     vals = np.cumsum(grid, axis=1)
-    out = ids.loc[ids.index.repeat(n), keys].reset_index(drop=True)
-    out["j"] = np.tile(np.arange(n), len(ids))
+    out = pd.DataFrame({k: np.repeat(deltas[k].to_numpy()[first], n) for k in keys})
+    out["j"] = np.tile(np.arange(n), len(u))
     out[name] = vals.ravel()
     return out

@@ -6,7 +6,9 @@ One narrow DataFrame for all streams of the query, read once:
     t    bigint  event time, epoch microseconds (NULL: unusable event time, counted)
     g    bigint  key group of the row (``partition.sql_group_expr`` of its partitioning key;
                  0 without a partitioning; NULL when that key is NULL)
-    k0.. bigint  the row's key in attribute class c0, c1, ... (NULL: no such key or NULL key)
+    k0.. bigint  the row's key in attribute class c0, c1, ... (NULL: no such key or NULL key; a row with a
+                 NULL in any of its stream's keys has a NULL key in every class: the engine quarantines it
+                 whole, reason ``null_key``, so it is in no statistic but the NULL-key counts)
 
 Only rows that can matter are kept: ``T0 - W_s < t <= T1`` (the window state at
 the first cycle's start needs the lead-in ``W_s``), plus NULL event times so they
@@ -294,6 +296,11 @@ def load_streams(spark, query, lake, grid: Grid, rule: dict | None, *, prune_arr
         keys = [(f"CAST(`{kc}` AS BIGINT)" if c not in query.band_classes else
                  f"CAST(`{kc}` * {10 ** query.band_scale(c)} AS BIGINT)") if kc else "CAST(NULL AS BIGINT)"
                 for c, kc in ((c, query.key_column(s.name, c)) for c in classes)]
+        own = [i for i, c in enumerate(classes) if query.key_column(s.name, c)]
+        if len(own) > 1:  # a NULL in any key: no key at all (the engine quarantines the row, null_key)
+            any_null = " OR ".join(f"({keys[i]}) IS NULL" for i in own)
+            keys = [f"CASE WHEN {any_null} THEN CAST(NULL AS BIGINT) ELSE {k} END" if i in own else k
+                    for i, k in enumerate(keys)]
         if part_class is None:
             g = "CAST(0 AS BIGINT)"
         else:
@@ -409,6 +416,10 @@ def read_routed(query, grid: Grid, rule: dict | None, usable: dict, stream_class
                 col = table.column(kc)
                 ok = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
                 keys.append((_int64(col, f"stream {s.name}: key column {kc}")[keep], ok[keep]))
+            own = [i for i, kc in enumerate(key_cols) if kc is not None]
+            if len(own) > 1:  # a NULL in any key: no key at all, as load_streams (the engine's null_key)
+                all_ok = np.logical_and.reduce([keys[i][1] for i in own])
+                keys = [(k, ok & all_ok) if i in own else (k, ok) for i, (k, ok) in enumerate(keys)]
             if part_class is None:
                 g, g_ok = _groups(keys[0][0], keys[0][1], None)
             else:
