@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from mjoin.forecast.bound import SPREADS, ForecastBound
@@ -97,6 +97,21 @@ class GateConfig:
     #: minimum relative improvement (cost_active - cost_new) / cost_active to deploy;
     #: below it the outcome is "no_change" (hysteresis against flapping on noise)
     improvement_threshold: float = 0.05
+
+    # ---- stored results (mjoin.gates.gxproject; not part of the suites: equal configs still share them) ----
+    #: the folder of the file-backed GX context where every gate run's Checkpoint stores its validation results
+    #: and rebuilds Data Docs; "" or "off": not stored (the fast path). The loop sets <lake>[/<namespace>]/gx
+    #: unless its ``gates`` param says ``results_store: "off"`` (docs/gates.md, "Checkpoints, stored results
+    #: and Data Docs")
+    results_store: str = field(default="", compare=False)
+    #: the run name of the stored results (the loop: the Airflow run id; "": the time of the run)
+    results_run: str = field(default="", compare=False)
+    #: stored validation results (and their Data Docs pages) older than this many days are removed
+    results_keep_days: float = field(default=3.0, compare=False)
+
+    @property
+    def stores_results(self) -> bool:
+        return bool(self.results_store) and self.results_store.strip().lower() not in ("off", "none", "false", "0")
 
     def __post_init__(self):
         problems = []

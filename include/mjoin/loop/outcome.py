@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, write_doc
+from mjoin.loop.links import GATES, run_links
 from mjoin.model.timeutil import iso
 from mjoin.runtime import fsutil
 
@@ -88,6 +89,8 @@ def record(cfg: LoopConfig, ctx: dict, states: dict) -> dict:
                "threshold": details.get("threshold", cfg.improvement_threshold),
                "gates": gates, "changes": changes, "failed_tasks": failed, "tasks": states,
                "recorded_at": iso(datetime.now(timezone.utc))}
+    outcome["links"] = run_links(cfg.lake_, name, {g: read_optional(folder, f"gate_{g}.json") for g in GATES},
+                                 version if version is not None else outcome["active_version"])
     write_doc(fsutil.join(folder, "outcome.json"), outcome)
     log.info("outcome %s: %s%s (active v%s)%s", ctx["end"], status, f" v{version}" if version is not None else "",
              outcome["active_version"], f": {reason}" if reason and status == "failed" else "")
