@@ -27,15 +27,24 @@ pyarrow and scipy (tests/test_dags.py checks what parsing imports).
 """
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag, get_current_context, task, teardown
+from airflow.sdk import (Asset, AssetAlias, AssetOrTimeSchedule, AssetWatcher, DeltaTriggerTimetable, Param, dag,
+                         get_current_context, task, teardown)
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
+from mjoin.loop.assets import ALIASES, drift_asset, drift_watch_settings, events as asset_events
 from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
+from mjoin.runtime.resources import Resources
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+if str(PLUGINS) not in sys.path:  # the drift watcher's trigger lives with the plugins (the triggerer imports it)
+    sys.path.append(str(PLUGINS))
+from mjoin_drift_trigger import DriftTrigger  # noqa: E402
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = spark_conf()
@@ -43,6 +52,19 @@ SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was s
 #: MJOIN_SPARK_REMOTE set: collect_statistics connects to that warm Spark Connect server instead of a
 #: fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
 SPARK_REMOTE = spark_remote()
+
+
+def _schedule():
+    """The period, or (unless MJOIN_DRIFT=off) the period OR a drift event of the default query's drift watcher
+    (docs/orchestration.md, "Drift-triggered runs")."""
+    period = DeltaTriggerTimetable(timedelta(minutes=PERIOD_MINUTES))
+    watch = drift_watch_settings()
+    if watch is None:
+        return period
+    query = REOPTIMIZE_PARAMS["query"][0]
+    trigger = DriftTrigger(lake=Resources.from_env().lake, query=query, **watch)
+    drift = Asset(**drift_asset(query), watchers=[AssetWatcher(name=f"mjoin_drift_{query}", trigger=trigger)])
+    return AssetOrTimeSchedule(timetable=period, assets=drift)
 
 
 def _params():
@@ -132,7 +154,7 @@ def _note_failure(context) -> None:
 @dag(
     dag_id="mjoin_reoptimize",
     description="statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan",
-    schedule=timedelta(minutes=PERIOD_MINUTES),
+    schedule=_schedule(),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -218,8 +240,10 @@ def mjoin_reoptimize():
             raise AirflowFailException(f"the statistics job failed (exit {rc}); see the log above")
 
     @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
+    @task(outlets=[AssetAlias(a) for a in ALIASES.values()])
     def record():
-        """The run's outcome, also when prepare failed (its context is then rebuilt from the params)."""
+        """The run's outcome, also when prepare failed (its context is then rebuilt from the params); the asset
+        events of what the run produced (mjoin.loop.assets)."""
         from mjoin.loop import config, outcome
 
         c = get_current_context()
@@ -228,7 +252,11 @@ def mjoin_reoptimize():
         states = {t: s for t, s in states.items() if t != ti.task_id}
         cfg, _ = config.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
         ctx = ti.xcom_pull(task_ids="prepare") or config.fallback_context(cfg, _logical_date(c))
-        return outcome.record(cfg, ctx, states)
+        out = outcome.record(cfg, ctx, states)
+        for e in asset_events(out):
+            c["outlet_events"][AssetAlias(e["alias"])].add(Asset(name=e["name"], uri=e["uri"], group=e["group"]),
+                                                          extra=e["extra"])
+        return out
 
     ctx = prepare()
     landed = land(ctx)

@@ -11,6 +11,7 @@ No Airflow import here: the plugin and the DAG wire these functions.
 from __future__ import annotations
 
 import html
+import json
 import os
 import urllib.parse
 
@@ -77,6 +78,15 @@ def gate_page(gate_doc: dict) -> str | None:
     """The page to open for a gate result: its first failing suite's, else its first suite's, else None."""
     pages = gate_pages(gate_doc)
     return next(iter(pages.values()), None)
+
+
+def task_page(run_dir: str, gate: str) -> str | None:
+    """The Data Docs page of ``gate``'s validation in a run folder (its ``gate_<gate>.json``), or None."""
+    path = fsutil.join(run_dir, f"gate_{gate}.json")
+    try:
+        return gate_page(json.loads(fsutil.read_text(path))) if fsutil.exists(path) else None
+    except (OSError, ValueError):
+        return None
 
 
 def newest_report(lake: Lake, query: str) -> str | None:

@@ -18,6 +18,7 @@ from mjoin.engine.quarantine import per_batch
 from mjoin.evaluation.report import html_table
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
+from mjoin.loop.links import links_html
 from mjoin.loop.params import query_choices
 from mjoin.runtime import fsutil
 
@@ -145,6 +146,7 @@ def registry_page(lake: Lake | None = None) -> str:
             parts.append("<h3>recent re-optimizations</h3>" + _table(list(reversed(info["outcomes"])), [
                 "interval_end", "status", "reason", "strategy", "version", "active_version", "estimated_gain", "threshold",
                 "gates", "changes"]))
+            parts.append(links_html(list(reversed(info["outcomes"]))))
     style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
              "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#eee}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>mjoin</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"

@@ -1,0 +1,212 @@
+"""What GX the way GX users use it costs: each gate's Checkpoint storing its results and rebuilding Data Docs,
+against the fast path (validate, store nothing), per gate and per DAG run.
+
+Measures (seconds, medians of --repeat, the two paths alternating so both see the same load):
+  1. warm, in one process (as the evaluation's per-cycle replay runs the gates): each gate fast vs stored, and the
+     stored run split into storing the results and the checkpoint's UpdateDataDocsAction;
+  2. per DAG run, as Airflow runs it: each gate in a fresh Python process with great_expectations already imported
+     (the scheduler's forkserver preloads it), fast vs stored into a context that exists; the four gates summed;
+  3. the stored stats gate against the size of the results store (the Data Docs index reads up to 100 results).
+
+Writes bench/gates/results/checkpoints[-quick].json (machine, load, versions, commit, date, parameters).
+
+    python bench/gates/bench_checkpoints.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parent.parent
+sys.path.insert(0, str(PROJECT / "include"))
+sys.path.insert(0, str(HERE))
+
+from bench_gates import snapshot, write_lake  # noqa: E402
+
+GATES = ("input", "stats", "forecast", "plan")
+T0 = 1767225600
+
+
+def fixtures(workdir: str, bad: bool):
+    """The four gates' inputs (the synthetic data of bench_gates.py): ``{gate: callable(config)}``."""
+    from mjoin.gates.forecast import check_forecast
+    from mjoin.gates.input import check_input
+    from mjoin.gates.plan import check_plan
+    from mjoin.gates.stats import check_statistics, history_from_statistics
+    from mjoin.model.plan import make_plan, orders_from_permutation
+    from mjoin.model.query import load_query
+    from mjoin.model.timeutil import iso
+
+    q = load_query("tpcds_returns_by_address")
+    hist = history_from_statistics([snapshot(q, iso(T0 + 60 * k), k) for k in range(60)])
+    if bad:  # one impossible match rate: the stats gate fails and its Data Docs page is the one a user opens
+        hist.loc[(hist["entity"] == "edge") & (hist["stream"] == "cu") & (hist["right"] == "sr"), "gamma"] = 1.7
+    fc = snapshot(q, iso(T0 + 3600), 99)
+    a = make_plan(q, orders_from_permutation(q, ["cu", "sr", "wr", "cr"]), "a", estimated_cost=10.0)
+    b = make_plan(q, orders_from_permutation(q, ["wr", "sr", "cu", "cr"]), "b", estimated_cost=8.0)
+    lake_dir = os.path.join(workdir, "input")
+    lake = write_lake(lake_dir, q, 3, 2000, True, T0) if not os.path.exists(lake_dir) else __import__(
+        "mjoin.lake.layout", fromlist=["Lake"]).Lake(lake_dir)
+    return {
+        "input": lambda cfg: check_input(q, lake, T0, T0 + 180, cycle=60.0, config=cfg),
+        "stats": lambda cfg: check_statistics(q, hist, iso(T0 + 3000), iso(T0 + 3600), 60.0, config=cfg),
+        "forecast": lambda cfg: check_forecast(q, fc, hist, config=cfg),
+        "plan": lambda cfg: check_plan(q, b, active=a, config=cfg),
+    }
+
+
+def warm(repeat: int, workdir: str) -> dict:
+    from mjoin.gates.config import GateConfig
+
+    gates = fixtures(workdir, bad=False)
+    fast_cfg = GateConfig()
+    out = {}
+    for gate, fn in gates.items():
+        stored_cfg = GateConfig.from_dict({"results_store": os.path.join(workdir, "gx_warm"), "results_run": gate})
+        fn(fast_cfg), fn(stored_cfg)  # first use: suites built and registered, templates compiled
+        fast, stored, store, docs = [], [], [], []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn(fast_cfg)
+            fast.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            res = fn(stored_cfg)
+            stored.append(time.perf_counter() - t)
+            store.append(res.details["data_docs"]["seconds"]["store"])
+            docs.append(res.details["data_docs"]["seconds"]["data_docs"])
+        out[gate] = {"fast": statistics.median(fast), "stored": statistics.median(stored),
+                     "store": statistics.median(store), "data_docs": statistics.median(docs),
+                     "results_per_run": len(res.gx_result)}
+    return out
+
+
+CHILD = r"""
+import sys, time, json
+import great_expectations  # preloaded by the Airflow scheduler's forkserver: not timed
+t0 = time.perf_counter()
+sys.path.insert(0, {include!r}); sys.path.insert(0, {here!r})
+from bench_checkpoints import fixtures
+from mjoin.gates.config import GateConfig
+fn = fixtures({workdir!r}, bad={bad!r})[{gate!r}]
+t1 = time.perf_counter()
+res = fn(GateConfig.from_dict({{"results_store": {store!r}, "results_run": "bench"}}))
+t2 = time.perf_counter()
+print(json.dumps({{"setup": t1 - t0, "gate": t2 - t1, "status": res.status}}))
+"""
+
+
+def per_dag_run(repeat: int, workdir: str, bad: bool) -> dict:
+    """Each gate in a fresh process, fast and stored alternating; a stored run writes into a context that exists."""
+    store = os.path.join(workdir, "gx_runs")
+    fixtures(workdir, bad)  # the input lake, once
+
+    def child(gate: str, stored: bool) -> dict:
+        code = CHILD.format(include=str(PROJECT / "include"), here=str(HERE), workdir=workdir, bad=bad, gate=gate,
+                            store=store if stored else "")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    for gate in GATES:
+        child(gate, True)  # the context and the template cache exist, as after the first run of a deployment
+    out = {}
+    for gate in GATES:
+        fast, stored = [], []
+        for _ in range(repeat):
+            fast.append(child(gate, False)["gate"])
+            stored.append(child(gate, True)["gate"])
+        out[gate] = {"fast": statistics.median(fast), "stored": statistics.median(stored),
+                     "fast_runs": fast, "stored_runs": stored}
+    out["sum"] = {k: sum(out[g][k] for g in GATES) for k in ("fast", "stored")}
+    out["sum"]["added"] = out["sum"]["stored"] - out["sum"]["fast"]
+    return out
+
+
+def against_store_size(repeat: int, workdir: str, sizes) -> dict:
+    """The stored stats gate (one run: 5 results) when the store already holds ``n`` results (copies)."""
+    from mjoin.gates import gxproject
+    from mjoin.gates.config import GateConfig
+
+    stats = fixtures(workdir, bad=False)["stats"]
+    out = {}
+    for n in sizes:
+        root = os.path.join(workdir, f"gx_size_{n}")
+        gxproject._projects.clear()
+        first = stats(GateConfig.from_dict({"results_store": root, "results_run": "seed"}))
+        if n:
+            src = Path(root) / "uncommitted" / "validations"
+            files = [p for p in src.rglob("*.json")]
+            for i in range(n // len(files)):
+                for p in files:
+                    rel = p.relative_to(src).parts  # suite parts..., run name, run time, batch.json
+                    dest = src.joinpath(*rel[:-3], f"copy{i:05d}", rel[-2].replace("Z", "") + f"{i % 1000:03d}Z", rel[-1])
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(p, dest)
+        times, docs = [], []
+        for k in range(repeat):
+            t = time.perf_counter()
+            res = stats(GateConfig.from_dict({"results_store": root, "results_run": f"r{k}"}))
+            times.append(time.perf_counter() - t)
+            docs.append(res.details["data_docs"]["seconds"]["data_docs"])
+        out[str(n)] = {"gate": statistics.median(times), "data_docs": statistics.median(docs),
+                       "stored_before": n + len(first.gx_result)}
+    return out
+
+
+def meta(args) -> dict:
+    import great_expectations
+    import pandas
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True).stdout.strip()
+    return {"date": datetime.now(timezone.utc).isoformat(), "commit": commit,
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
+            "versions": {"python": platform.python_version(), "great_expectations": great_expectations.__version__,
+                         "pandas": pandas.__version__},
+            "parameters": {"quick": args.quick, "repeat": args.repeat}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 repeats, store sizes 0 and 300")
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args()
+    args.repeat = args.repeat or (3 if args.quick else 7)
+    sizes = (0, 300) if args.quick else (0, 300, 1000, 3000)
+    results = meta(args)
+    with tempfile.TemporaryDirectory() as d:
+        results["warm"] = warm(args.repeat, d)
+        results["per_dag_run"] = per_dag_run(args.repeat, d, bad=False)
+        results["per_dag_run_failed_stats"] = {"stats": per_dag_run(args.repeat, d, bad=True)["stats"]}
+        results["store_size"] = against_store_size(args.repeat, d, sizes)
+    results["machine"]["load_after"] = os.getloadavg()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ("checkpoints-quick.json" if args.quick else "checkpoints.json")
+    path.write_text(json.dumps(results, indent=2))
+    for gate, r in results["warm"].items():
+        print(f"warm {gate:9} fast {r['fast']:.3f} s  stored {r['stored']:.3f} s  (store {r['store']:.3f}, "
+              f"Data Docs {r['data_docs']:.3f}; {r['results_per_run']} results)")
+    for gate in GATES:
+        r = results["per_dag_run"][gate]
+        print(f"task {gate:9} fast {r['fast']:.3f} s  stored {r['stored']:.3f} s")
+    s = results["per_dag_run"]["sum"]
+    print(f"per DAG run: fast {s['fast']:.2f} s, stored {s['stored']:.2f} s, added {s['added']:.2f} s")
+    for n, r in results["store_size"].items():
+        print(f"store holding {r['stored_before']:5}: stats gate {r['gate']:.3f} s (Data Docs {r['data_docs']:.3f})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
