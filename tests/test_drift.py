@@ -102,14 +102,14 @@ def test_asset_events_of_a_run_carry_its_metadata():
            "estimated_gain": 0.21, "gates": {"input": "passed", "stats": "passed", "forecast": "passed", "plan": "passed"},
            "deployed": True, "tasks": {"join": "success"}, "links": {"plan": "http://x/mjoin/plans/q/3"}}
     evs = assets.events(out)
-    assert [e["name"] for e in evs] == ["mjoin.statistics.q", "mjoin.forecast.q", "mjoin.active_plan.q", "mjoin.results.q"]
+    assert [e["name"] for e in evs] == [f"mjoin.{k}.q" for k in ("statistics", "forecast", "active_plan", "results")]
     plan = evs[2]
     assert plan["alias"] == "mjoin.active_plan" and plan["uri"] == "x-mjoin://q/active_plan"
     assert {k: plan["extra"][k] for k in ("plan_version", "strategy", "predicted_gain", "gates")} == \
         {"plan_version": 3, "strategy": "exact", "predicted_gain": 0.21, "gates": out["gates"]}
     failed = {**out, "status": "failed", "deployed": False, "gates": {**out["gates"], "forecast": "failed"},
               "tasks": {"join": "success"}}
-    assert [e["name"] for e in assets.events(failed)] == ["mjoin.statistics.q", "mjoin.results.q"]
+    assert [e["name"] for e in assets.events(failed)] == [f"mjoin.{k}.q" for k in ("statistics", "results")]
     assert assets.events({**out, "namespace": "eval/backfill"}) == []
     assert assets.drift_watch_settings({"MJOIN_DRIFT": "off"}) is None
     assert assets.drift_watch_settings({"MJOIN_DRIFT_DEBOUNCE": "120"})["debounce"] == 120.0

@@ -87,10 +87,17 @@ def test_a_failed_gate_is_a_checkpoint_run_with_stored_results_and_its_data_docs
     suite = ctx.suites.get(f"mjoin.stats.history.{seed_query.name}")
     assert [str(getattr(e.severity, "value", e.severity)) for e in suite.expectations] == ["warning"]
 
+    # a gate that passes stores its results and, by default, renders no page (results_docs="failures")
     again = run_stats(seed_query, good, stored(root, "scheduled__2"))
     assert again.status == "passed" and again.details["data_docs"]["success"] is True
+    assert again.details["data_docs"]["pages"] == {} and again.details["data_docs"]["stored"] == len(res.gx_result)
     assert len(gx.get_context(mode="file", context_root_dir=str(root)).validation_results_store.list_keys()) == \
         2 * len(res.gx_result)
+    # only the failed validation's page was rendered for the failed run; "all" renders every one, "off" none
+    assert list(docs["pages"]) == [f"mjoin.stats.values.{seed_query.name}"]
+    every = run_stats(seed_query, good, stored(root, "all", results_docs="all")).details["data_docs"]["pages"]
+    assert sorted(every) == sorted(res.gx_result) and all((Path(docs["site"]) / p).is_file() for p in every.values())
+    assert run_stats(seed_query, bad, stored(root, "off", results_docs="off")).details["data_docs"]["pages"] == {}
 
 
 def test_severities_critical_fails_warning_passes_and_both_are_in_data_docs(tmp_path, seed_query):
@@ -170,8 +177,8 @@ def test_old_results_are_pruned_and_their_pages_go_with_the_next_build(tmp_path,
     project = gxproject.project(str(root))
     assert project.prune(keep_days=1, now=time.time() + 2 * 86400) == len(old.gx_result)
     assert project.prune(keep_days=1, now=time.time() + 2 * 86400 + 1) == 0  # at most once per PRUNE_EVERY
-    new = run_stats(seed_query, good, stored(root, "new"))
-    assert new.status == "passed" and not old_page.exists()  # GX drops the page of a result that is gone
+    new = run_stats(seed_query, bad, stored(root, "new"))
+    assert new.status == "failed" and not old_page.exists()  # the next build drops the page of a result that is gone
     keys = gx.get_context(mode="file", context_root_dir=str(root)).validation_results_store.list_keys()
     assert {k.run_id.run_name for k in keys} == {"new"}
 

@@ -44,7 +44,8 @@ class GateRun:
             return
         try:
             self.details["data_docs"] = project(self.cfg.results_store).record(
-                self.gate, self.query.name, self.validated, self.cfg.results_run, self.cfg.results_keep_days)
+                self.gate, self.query.name, self.validated, self.cfg.results_run, self.cfg.results_keep_days,
+                self.cfg.results_docs)
         except Exception as exc:  # storing is a record of the verdict, never a reason to fail the run
             log.error("gate %s: the validation results were not stored in %s (%s: %s); the verdict stands",
                       self.gate, self.cfg.results_store, type(exc).__name__, exc)

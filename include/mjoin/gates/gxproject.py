@@ -10,7 +10,8 @@ Per gate and query one Checkpoint ``mjoin.<gate>.<query>`` over one ValidationDe
 A gate validates its frames as on the fast path (:mod:`mjoin.gates.gxengine`: GX's Validator, as
 ``ValidationDefinition.run`` calls it); :meth:`GXProject.record` then does what ``Checkpoint.run`` does with
 the results: stamps them with the checkpoint's and definitions' ids and one run id, stores them, builds the
-``CheckpointResult`` and runs the checkpoint's actions (the Data Docs pages of those results and the index).
+``CheckpointResult`` and runs the checkpoint's actions (the Data Docs pages of those results and the index;
+by default of the failed ones only: ``GateConfig.results_docs``).
 ``Checkpoint.run`` itself cannot validate a gate: it hands the same ``batch_parameters`` to every definition,
 and each frame of a gate is another DataFrame.
 
@@ -172,9 +173,11 @@ class GXProject:
         return cp
 
     # ---- a gate run --------------------------------------------------------------------------
-    def record(self, gate: str, query_name: str, validated: list, run_name: str = "", keep_days: float = 0.0) -> dict:
+    def record(self, gate: str, query_name: str, validated: list, run_name: str = "", keep_days: float = 0.0,
+               docs: str = "failures") -> dict:
         """Store the results ``validated`` (``[(suite, GX result)]``) of one gate run as a run of the gate's
-        Checkpoint and run its actions (Data Docs); what was stored and where its pages are."""
+        Checkpoint and run its actions on them (Data Docs: ``docs`` = ``failures``, the failed validations only;
+        ``all``; ``off``); what was stored and where its pages are."""
         from great_expectations.exceptions import GreatExpectationsError
 
         with self._lock():
@@ -182,17 +185,17 @@ class GXProject:
                 log.warning("the GX context at %s is gone: a new one is created", self.root)
                 self._forget()
             try:
-                return self._record(gate, query_name, validated, run_name, keep_days)
+                return self._record(gate, query_name, validated, run_name, keep_days, docs)
             except (GreatExpectationsError, ValueError, OSError) as exc:  # a store file GX cannot read: repair once
                 self._recreate(exc)
-                return self._record(gate, query_name, validated, run_name, keep_days)
+                return self._record(gate, query_name, validated, run_name, keep_days, docs)
 
     def _forget(self) -> None:
         self._registered.clear()
         self._checkpoints.clear()
         self._context = None
 
-    def _record(self, gate, query_name, validated, run_name, keep_days) -> dict:
+    def _record(self, gate, query_name, validated, run_name, keep_days, docs) -> dict:
         from great_expectations.checkpoint.checkpoint import CheckpointResult
         from great_expectations.core.run_identifier import RunIdentifier
         from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
@@ -213,13 +216,16 @@ class GXProject:
         t1 = time.perf_counter()
         if keep_days:
             self.prune(keep_days)
-        # Checkpoint.run's last step, on these results: its actions, in its order (UpdateDataDocsAction first)
-        cp._run_actions(CheckpointResult(run_id=run_id, run_results=results, checkpoint_config=cp))
+        # Checkpoint.run's last step, on these results: its actions, in its order (UpdateDataDocsAction first);
+        # by default on the failed validations only (a page is ~0.3 s; a healthy run renders none)
+        shown = {} if docs == "off" else results if docs == "all" else {k: r for k, r in results.items() if not r.success}
+        if shown:
+            cp._run_actions(CheckpointResult(run_id=run_id, run_results=shown, checkpoint_config=cp))
         t2 = time.perf_counter()
-        pages = {key.expectation_suite_identifier.name: self.page_of(key) for key in results}
+        pages = {key.expectation_suite_identifier.name: self.page_of(key) for key in shown}
         return {"checkpoint": cp.name, "context": self.root, "site": self.site_dir, "index": "index.html",
                 "run_name": run_id.run_name, "run_time": iso(run_id.run_time),
-                "success": all(r.success for r in results.values()), "pages": pages,
+                "success": all(r.success for r in results.values()), "stored": len(results), "pages": pages,
                 "seconds": {"store": round(t1 - t0, 4), "data_docs": round(t2 - t1, 4)}}
 
     def page_of(self, key) -> str:

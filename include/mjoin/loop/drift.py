@@ -18,7 +18,9 @@ observations (one odd cycle or batch is not drift):
 :func:`watch` is what the drift watcher (plugins/mjoin_drift_trigger.py, an Airflow AssetWatcher) calls every
 poll: :func:`detect`, then the debounce (at most one drift event per ``debounce`` seconds per query), then
 the event is recorded in ``<lake>/reports/<query>/drift/`` (``state.json``, ``events.jsonl``) and returned;
-Airflow turns it into an asset event on ``mjoin.drift.<query>`` and a run of mjoin_reoptimize.
+Airflow turns it into an asset event on ``mjoin.drift.<query>`` and a run of mjoin_reoptimize. The event
+records the change point (``since``: the first cycle the series left their bound); a run whose forecast window
+straddles it forecasts from the cycles since then only (:func:`shift_since`, used by mjoin.loop.replan).
 """
 from __future__ import annotations
 
@@ -92,14 +94,17 @@ def forecast_errors(history: pd.DataFrame, forecast: Statistics, cfg: DriftConfi
             recent = bound.recent(before[f].to_numpy(dtype=float), f)
             if not recent.n or not math.isfinite(predicted):
                 continue
-            measured = after[f].to_numpy(dtype=float)[-cfg.confirm:]
-            errors = np.abs(measured - predicted) / recent.spread
+            every = np.abs(after[f].to_numpy(dtype=float) - predicted) / recent.spread
+            errors = every[-cfg.confirm:]
             if np.all(errors > cfg.k):
                 where = f"[{row['stream']}]" + (f"[{row['right']}]" if row["right"] else "")
                 where += f" g{row['group']}" if int(row["group"]) else ""
-                out.append({"series": f"{f}{where}", "forecast": predicted, "measured": measured.tolist(),
+                run = len(every) - int(np.argmin((every > cfg.k)[::-1])) if not np.all(every > cfg.k) else 0
+                out.append({"series": f"{f}{where}", "forecast": predicted,
+                            "measured": after[f].to_numpy(dtype=float)[-cfg.confirm:].tolist(),
                             "spread": recent.spread, "errors": [round(float(e), 3) for e in errors],
-                            "cycles": [iso(c) for c in after["cycle"].iloc[-cfg.confirm:]]})
+                            "cycles": [iso(c) for c in after["cycle"].iloc[-cfg.confirm:]],
+                            "since": iso(after["cycle"].iloc[run])})
     return sorted(out, key=lambda d: -min(d["errors"]))
 
 
@@ -202,9 +207,10 @@ def watch(lake: Lake, query: str, cfg: DriftConfig = DriftConfig(), now: float |
         log.info("drift of %s (%s) debounced: the last drift event was %.0f s ago (at most one per %.0f s)", query,
                  verdict["reasons"][0], now - float(last), cfg.debounce)
         return None
+    since = min((e["since"] for e in verdict["forecast_errors"]), default=None)
     event = {"query": query, "at": iso(now), "reasons": verdict["reasons"], "active_version": verdict["active_version"],
              "forecast": verdict["forecast"], "series": [e["series"] for e in verdict["forecast_errors"]],
-             "cost": verdict["cost"], "debounce": cfg.debounce}
+             "since": since, "cost": verdict["cost"], "debounce": cfg.debounce}
     fsutil.makedirs(folder)
     fsutil.atomic_write_text(state_path, json.dumps({"last_event": now, "event": event, "config": asdict(cfg)}, indent=2))
     log_path = fsutil.join(folder, "events.jsonl")
@@ -212,3 +218,18 @@ def watch(lake: Lake, query: str, cfg: DriftConfig = DriftConfig(), now: float |
     fsutil.atomic_write_text(log_path, old + json.dumps(event, default=str) + "\n")
     log.warning("drift of %s: %s", query, "; ".join(verdict["reasons"]))
     return event
+
+
+def shift_since(lake: Lake, query: str, start, end):
+    """The change point of the newest drift event (the first cycle its series left their bound) when it lies
+    inside ``(start, end)``, else None: a run forecasts from the cycles since the change only (Holt on a window
+    that straddles a level shift lags it by many cycles; under ``min_points`` cycles it takes the last value)."""
+    path = fsutil.join(drift_dir(lake, query), "state.json")
+    try:
+        since = (json.loads(fsutil.read_text(path)).get("event") or {}).get("since") if fsutil.exists(path) else None
+    except (OSError, ValueError):
+        return None
+    if not since:
+        return None
+    t = parse_time(since)
+    return t if parse_time(start) < t < parse_time(end) else None
