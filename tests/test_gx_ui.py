@@ -76,6 +76,11 @@ class Browser:
                 return text
             time.sleep(1)
 
+    def show(self, text: str) -> None:
+        """Scroll the first element holding ``text`` into the middle of the window."""
+        el = self.driver.find_element("xpath", f"//*[contains(text(), '{text}')]")
+        self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", el)
+
     def shot(self, name: str) -> Path:
         path = self.shots / f"{name}.png"
         self.driver.save_screenshot(str(path))
@@ -168,6 +173,7 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
             assert links["Data Docs"].startswith(f"{base}/mjoin/task-docs/mjoin_reoptimize/"), links
             text = browser.open(links["Data Docs"], expect=("stats.gamma_in_unit_interval",))
             assert "stats.gamma_in_unit_interval [critical]" in text and "1.7" in text and "Failed" in text
+            browser.show("stats.gamma_in_unit_interval [critical]")
             browser.shot("gx-data-docs-failed-gate")
             assert api(port, f"/api/v2/dags/mjoin_reoptimize/dagRuns/{urllib.parse.quote(run2)}/taskInstances/"
                              "prepare/links", senv)["extra_links"] == {"Data Docs": None}
@@ -181,7 +187,9 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
             assert anchors["plan v1"].endswith(f"/mjoin/plans/{QUERY}/1")
             text = browser.open(anchors["plan v1"], expect=('"version"',))
             assert '"version": 1' in text.replace('":1', '": 1') and '"active": true' in text.replace('":true', '": true')
-            text = browser.open(second["links"]["data_docs"]["stats"], expect=("stats.gamma_in_unit_interval",))
+            # the outcome's link (recorded with the base the run had: the path is what a user follows here)
+            text = browser.open(f"{base}/mjoin/" + second["links"]["data_docs"]["stats"].split("/mjoin/", 1)[1],
+                                expect=("stats.gamma_in_unit_interval",))
             assert "stats.gamma_in_unit_interval [critical]" in text
 
             # assets: the events of run 1 carry its metadata; the UI's asset page shows the asset and its DAG

@@ -58,4 +58,5 @@ def test_links_html_escapes_and_lists_runs():
             {"interval_end": "e", "status": "skipped", "links": {}}]
     out = links.links_html(rows)
     assert "plan v1" in out and "&lt;b&gt;" in out and "<b>" not in out and out.count("<tr><td>") == 1
+    assert 'href="plans/q/1"' in out  # relative to the plugin page: any host, port or path prefix
     assert links.links_html([{"links": {}}]) == ""

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -44,6 +46,12 @@ SITE = "local_site"
 #: each result it lists
 INDEX_LIMIT = 100
 SOURCE = "mjoin"
+#: what this project registered in the context (see GXProject._definition)
+INDEX = "mjoin_registered.json"
+#: Data Docs load Bootstrap from public CDNs; on a machine without internet the pages stay readable with this
+DATA_DOCS_CSS = ("body{font-family:sans-serif;margin:1em 1.5em;font-size:14px}"
+                 "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px}"
+                 ".text-danger,.alert-danger{color:#b00020}.text-success{color:#1b5e20}\n")
 #: how often (seconds) a process removes stored results older than ``results_keep_days``
 PRUNE_EVERY = 3600.0
 
@@ -54,8 +62,7 @@ class GXProject:
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
         self._context = None
-        self._registered: dict = {}  # suite name -> (the suite object of mjoin.gates.suites, its definition here)
-        self._checkpoints: dict = {}  # checkpoint name -> Checkpoint
+        self._registered: dict = {}  # suite name -> (the suite object of mjoin.gates.suites, its definition's id)
         self._pruned = 0.0
 
     # ---- the context ----------------------------------------------------------------------
@@ -104,6 +111,11 @@ class GXProject:
             ctx.data_sources.get(SOURCE)
         except (KeyError, ValueError, LookupError):
             ctx.data_sources.add_pandas(SOURCE)
+        styles = os.path.join(self.root, "plugins", "custom_data_docs", "styles")
+        if not os.path.exists(os.path.join(styles, "data_docs_custom_styles.css")):
+            os.makedirs(styles, exist_ok=True)  # GX inlines this file into every page it renders
+            with open(os.path.join(styles, "data_docs_custom_styles.css"), "w") as fh:
+                fh.write(DATA_DOCS_CSS)
         return ctx
 
     def _recreate(self, exc: BaseException):
@@ -122,11 +134,36 @@ class GXProject:
         return ctx
 
     # ---- suites, definitions, checkpoints ---------------------------------------------------
-    def _definition(self, suite):
-        """The ValidationDefinition of ``suite`` here: registered when this suite object is new to the process."""
+    # Registering through GX costs ~0.3 s a suite in a new process (GX re-reads great_expectations.yml for each
+    # store operation), and every Airflow task is a new process: INDEX records what was registered (each suite's
+    # fingerprint, its definition's id, each checkpoint's id and definitions), so an unchanged suite is not
+    # registered again.
+    def _index(self) -> dict:
+        path = os.path.join(self.root, INDEX)
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+            return doc if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save_index(self, index: dict) -> None:
+        path = os.path.join(self.root, INDEX)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(index, fh, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+
+    def _definition(self, suite, index: dict) -> tuple[str, str, bool]:
+        """``(name, validation definition id, registered now)`` of ``suite`` here; registered (suite, asset,
+        definition) only when the suite differs from what the index says was registered."""
         known = self._registered.get(suite.name)
         if known is not None and known[0] is suite:
-            return known[1]
+            return suite.name, known[1], False
+        sha = _fingerprint(suite)
+        entry = (index.get("suites") or {}).get(suite.name) or {}
+        if entry.get("sha") == sha and entry.get("validation_id"):
+            self._registered[suite.name] = (suite, entry["validation_id"])
+            return suite.name, entry["validation_id"], False
         import great_expectations as gx
 
         ctx = self.context
@@ -142,35 +179,34 @@ class GXProject:
         except KeyError:
             batch = asset.add_batch_definition_whole_dataframe("whole")
         vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=suite.name, data=batch, suite=stored))
-        self._registered[suite.name] = (suite, vd)
-        self._checkpoints = {k: v for k, v in self._checkpoints.items()
-                             if suite.name not in {d.name for d in v.validation_definitions}}
-        return vd
+        index.setdefault("suites", {})[suite.name] = {"sha": sha, "validation_id": vd.id}
+        self._registered[suite.name] = (suite, vd.id)
+        return suite.name, vd.id, True
 
-    def checkpoint(self, gate: str, query_name: str, definitions: list):
-        """The Checkpoint ``mjoin.<gate>.<query>``: every definition it had and ``definitions``, one action."""
+    def checkpoint(self, gate: str, query_name: str, names: list, changed: bool, index: dict) -> tuple[str, str]:
+        """``(name, id)`` of the Checkpoint ``mjoin.<gate>.<query>`` over every definition it had and ``names``,
+        with one action; written through GX when it is new, lacks one of ``names`` or a definition changed."""
         import great_expectations as gx
         from great_expectations.checkpoint.actions import UpdateDataDocsAction
 
         name = f"mjoin.{gate}.{query_name}"
-        cp = self._checkpoints.get(name)
-        names = {d.name for d in definitions}
-        if cp is not None and names <= {d.name for d in cp.validation_definitions}:
-            return cp
+        entry = (index.get("checkpoints") or {}).get(name) or {}
+        if entry.get("id") and not changed and set(names) <= set(entry.get("definitions") or ()):
+            return name, entry["id"]
         ctx = self.context
-        kept = {}
-        try:
-            kept = {d.name: d for d in ctx.checkpoints.get(name).validation_definitions}
-        except Exception:  # none yet, or one naming a definition that is gone: rebuilt from what this run knows
-            kept = {}
-        mine = {d.name: self._registered[d.name][1] for d in definitions}
-        current = {n: self._registered[n][1] for n in kept if n in self._registered}
-        merged = {**kept, **current, **mine}
+        merged = sorted(set(names) | set(entry.get("definitions") or ()))
+        definitions = []
+        for n in merged:
+            try:
+                definitions.append(ctx.validation_definitions.get(n))
+            except Exception:  # a definition that is gone: the checkpoint keeps the ones that exist
+                if n in names:
+                    raise
         cp = ctx.checkpoints.add_or_update(gx.Checkpoint(
-            name=name, validation_definitions=[merged[n] for n in sorted(merged)],
+            name=name, validation_definitions=definitions,
             actions=[UpdateDataDocsAction(name="update_data_docs", site_names=[SITE])], result_format=RESULT_FORMAT))
-        self._checkpoints[name] = cp
-        return cp
+        index.setdefault("checkpoints", {})[name] = {"id": cp.id, "definitions": [d.name for d in definitions]}
+        return name, cp.id
 
     # ---- a gate run --------------------------------------------------------------------------
     def record(self, gate: str, query_name: str, validated: list, run_name: str = "", keep_days: float = 0.0,
@@ -192,7 +228,6 @@ class GXProject:
 
     def _forget(self) -> None:
         self._registered.clear()
-        self._checkpoints.clear()
         self._context = None
 
     def _record(self, gate, query_name, validated, run_name, keep_days, docs) -> dict:
@@ -203,12 +238,15 @@ class GXProject:
 
         ctx = self.context
         t0 = time.perf_counter()
-        definitions = [self._definition(suite) for suite, _ in validated]
-        cp = self.checkpoint(gate, query_name, definitions)
+        index = self._index()
+        definitions = [self._definition(suite, index) for suite, _ in validated]
+        cp_name, cp_id = self.checkpoint(gate, query_name, [d[0] for d in definitions], any(d[2] for d in definitions),
+                                         index)
+        self._save_index(index)
         run_id = RunIdentifier(run_name=run_name or None, run_time=datetime.datetime.now(datetime.timezone.utc))
         results = {}
-        for (suite, res), vd in zip(validated, definitions):
-            res.meta.update(validation_id=vd.id, checkpoint_id=cp.id, run_id=run_id, validation_time=run_id.run_time)
+        for (suite, res), (_, vd_id, _) in zip(validated, definitions):
+            res.meta.update(validation_id=vd_id, checkpoint_id=cp_id, run_id=run_id, validation_time=run_id.run_time)
             key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite.name),
                                              run_id=run_id, batch_identifier=res.batch_id)
             ctx.validation_results_store.set(key, res)
@@ -220,10 +258,18 @@ class GXProject:
         # by default on the failed validations only (a page is ~0.3 s; a healthy run renders none)
         shown = {} if docs == "off" else results if docs == "all" else {k: r for k, r in results.items() if not r.success}
         if shown:
+            try:
+                cp = ctx.checkpoints.get(cp_name)
+            except Exception as exc:  # its file broken under us: written again from the definitions
+                log.warning("the checkpoint %s in %s could not be read (%s: %s): written again", cp_name, self.root,
+                            type(exc).__name__, _first_line(exc))
+                self.checkpoint(gate, query_name, [d[0] for d in definitions], True, index)
+                self._save_index(index)
+                cp = ctx.checkpoints.get(cp_name)
             cp._run_actions(CheckpointResult(run_id=run_id, run_results=shown, checkpoint_config=cp))
         t2 = time.perf_counter()
         pages = {key.expectation_suite_identifier.name: self.page_of(key) for key in shown}
-        return {"checkpoint": cp.name, "context": self.root, "site": self.site_dir, "index": "index.html",
+        return {"checkpoint": cp_name, "context": self.root, "site": self.site_dir, "index": "index.html",
                 "run_name": run_id.run_name, "run_time": iso(run_id.run_time),
                 "success": all(r.success for r in results.values()), "stored": len(results), "pages": pages,
                 "seconds": {"store": round(t1 - t0, 4), "data_docs": round(t2 - t1, 4)}}
@@ -295,6 +341,14 @@ def _cache_templates(folder: str) -> None:
 
     cached_init._mjoin_cached = True
     DefaultJinjaView.__init__ = cached_init
+
+
+def _fingerprint(suite) -> str:
+    """The suite's expectations as configured (type, kwargs, meta, notes, severity, description), hashed."""
+    docs = [e.configuration.to_json_dict() for e in suite.expectations]
+    for d in docs:
+        d.pop("id", None)
+    return hashlib.sha1(json.dumps([suite.name, docs], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _first_line(exc: BaseException) -> str:

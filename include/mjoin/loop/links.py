@@ -111,17 +111,25 @@ def run_links(lake: Lake, query: str, gate_docs: dict, version, base: str | None
     return out
 
 
+def from_plugin_page(url: str) -> str:
+    """``url`` relative to the plugin page (``<base>/mjoin/``), so the page's links work whatever host, port or
+    path prefix serves it (a run records absolute links with the base it ran under)."""
+    _, sep, rest = url.partition("/mjoin/")
+    return rest if sep else url
+
+
 def links_html(outcomes: list[dict]) -> str:
     """The plugin page's link column: one row per run (newest first), its Data Docs, plan and report links."""
     rows = []
     for o in outcomes:
         links = o.get("links") or {}
-        cells = [f'<a href="{html.escape(url)}">{html.escape(gate)}</a>'
+        cells = [f'<a href="{html.escape(from_plugin_page(url))}">{html.escape(gate)}</a>'
                  for gate, url in (links.get("data_docs") or {}).items()]
         if links.get("plan"):
-            cells.append(f'<a href="{html.escape(links["plan"])}">plan v{html.escape(str(o.get("active_version") if o.get("version") is None else o.get("version")))}</a>')
+            version = o.get("active_version") if o.get("version") is None else o.get("version")
+            cells.append(f'<a href="{html.escape(from_plugin_page(links["plan"]))}">plan v{html.escape(str(version))}</a>')
         if links.get("report"):
-            cells.append(f'<a href="{html.escape(links["report"])}">evaluation report</a>')
+            cells.append(f'<a href="{html.escape(from_plugin_page(links["report"]))}">evaluation report</a>')
         if cells:
             rows.append(f"<tr><td>{html.escape(str(o.get('interval_end') or ''))}</td>"
                         f"<td>{html.escape(str(o.get('status') or ''))}</td><td>{' '.join(cells)}</td></tr>")
