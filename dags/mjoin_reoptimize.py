@@ -37,7 +37,8 @@ from airflow.sdk import (Asset, AssetAlias, AssetOrTimeSchedule, AssetWatcher, D
                          get_current_context, task, teardown)
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from mjoin.loop.assets import ALIASES, drift_asset, drift_watch_settings, events as asset_events
+from mjoin.loop.assets import (ALIASES, GROUP, asset_name, asset_uri, drift_asset, drift_watch_settings,
+                               events as asset_events)
 from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
 from mjoin.runtime.resources import Resources
 
@@ -52,6 +53,12 @@ SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was s
 #: MJOIN_SPARK_REMOTE set: collect_statistics connects to that warm Spark Connect server instead of a
 #: fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
 SPARK_REMOTE = spark_remote()
+
+
+#: the default query's assets, read by the tasks that use them (inlets; a run's events go to its own query's
+#: assets through the record task's aliases)
+ASSETS = {k: Asset(name=asset_name(k, REOPTIMIZE_PARAMS["query"][0]), uri=asset_uri(k, REOPTIMIZE_PARAMS["query"][0]),
+                   group=GROUP) for k in ALIASES}
 
 
 def _schedule():
@@ -194,7 +201,7 @@ def mjoin_reoptimize():
 
         return _step(collect.check_statistics, ctx)
 
-    @task
+    @task(inlets=[ASSETS["statistics"]])
     def forecast(ctx: dict):
         from mjoin.loop import replan
 
@@ -206,7 +213,7 @@ def mjoin_reoptimize():
 
         return _step(replan.check_forecast, ctx)
 
-    @task
+    @task(inlets=[ASSETS["forecast"], ASSETS["active_plan"]])
     def optimize(ctx: dict):
         from mjoin.loop import replan
 
@@ -264,6 +271,7 @@ def mjoin_reoptimize():
     mode = join_mode(ctx)
     join = SparkSubmitOperator(
         task_id="join", application=str(JOBS / "join.py"), application_args=ctx["join_args"],
+        inlets=[ASSETS["active_plan"]],
         conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     if SPARK_REMOTE:
         stats = collect_statistics_remote(ctx["stats_args"])

@@ -193,7 +193,7 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
             assert "stats.gamma_in_unit_interval [critical]" in text
 
             # assets: the events of run 1 carry its metadata; the UI's asset page shows the asset and its DAG
-            found = api(port, "/api/v2/assets?name_pattern=mjoin.&limit=100", senv)["assets"]
+            found = api(port, "/api/v2/assets?name_pattern=mjoin.&limit=100&only_active=false", senv)["assets"]
             by_name = {a["name"]: a for a in found}
             assert {f"mjoin.{k}.{QUERY}" for k in ("statistics", "forecast", "active_plan", "results", "drift")} <= \
                 set(by_name), sorted(by_name)
