@@ -113,3 +113,21 @@ def test_asset_events_of_a_run_carry_its_metadata():
     assert assets.events({**out, "namespace": "eval/backfill"}) == []
     assert assets.drift_watch_settings({"MJOIN_DRIFT": "off"}) is None
     assert assets.drift_watch_settings({"MJOIN_DRIFT_DEBOUNCE": "120"})["debounce"] == 120.0
+
+
+def test_a_run_after_a_drift_event_forecasts_from_the_change_point(tmp_path, seed_query):
+    from mjoin.loop.config import LoopConfig
+    from mjoin.loop.replan import rule_history
+
+    lake = lake_with_history(tmp_path, seed_query, {N: 4.0, N + 1: 4.0, N + 2: 4.0})
+    cfg = LoopConfig.from_params({"lake": lake.root, "cycle": CYCLE, "length": 60})
+    end = cycle_iso(N + 3)
+    before, _ = rule_history(cfg, seed_query, None, end)
+    assert before["cycle_start"].min() == pd.Timestamp(cycle_iso(0))
+    event = watch(lake, seed_query.name, DriftConfig(), now=2_000_000.0)
+    assert event["since"] == cycle_iso(N)  # the first cycle the series left its bound
+    after, _ = rule_history(cfg, seed_query, None, end)
+    assert sorted(after["cycle_start"].unique()) == [pd.Timestamp(cycle_iso(k)) for k in (N, N + 1, N + 2)]
+    # a change point outside the window (older than L cycles) is ignored
+    old_cfg = LoopConfig.from_params({"lake": lake.root, "cycle": CYCLE, "length": 2})
+    assert rule_history(old_cfg, seed_query, None, end)[0]["cycle_start"].min() == pd.Timestamp(cycle_iso(N + 1))
