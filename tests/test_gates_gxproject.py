@@ -176,7 +176,8 @@ def test_old_results_are_pruned_and_their_pages_go_with_the_next_build(tmp_path,
     assert old_page.is_file()
     project = gxproject.project(str(root))
     assert project.prune(keep_days=1, now=time.time() + 2 * 86400) == len(old.gx_result)
-    assert project.prune(keep_days=1, now=time.time() + 2 * 86400 + 1) == 0  # at most once per PRUNE_EVERY
+    assert project.prune(keep_days=1, now=time.time() + 2 * 86400 + 1) == 0  # at most once per PRUNE_EVERY ...
+    assert gxproject.GXProject(str(root)).prune(keep_days=1, now=time.time() + 2 * 86400 + 2) == 0  # ... per context
     new = run_stats(seed_query, bad, stored(root, "new"))
     assert new.status == "failed" and not old_page.exists()  # the next build drops the page of a result that is gone
     keys = gx.get_context(mode="file", context_root_dir=str(root)).validation_results_store.list_keys()

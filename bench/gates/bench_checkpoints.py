@@ -9,7 +9,7 @@ Measures (seconds, medians of --repeat, the two paths alternating so both see th
      (the scheduler's forkserver preloads it): fast (first use, then warm) and stored into a context that exists;
      what storing adds to each gate task, and the four summed;
   3. the stored stats gate, on data that fail it (its page and the index rendered), against the size of the
-     results store (the Data Docs index reads the newest 100 results it lists).
+     results store (the Data Docs index reads the newest 30 results it lists).
 
 Writes bench/gates/results/checkpoints[-quick].json (machine, load, versions, commit, date, parameters).
 

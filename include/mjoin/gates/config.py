@@ -107,7 +107,7 @@ class GateConfig:
     #: the run name of the stored results (the loop: the Airflow run id; "": the time of the run)
     results_run: str = field(default="", compare=False)
     #: stored validation results (and their Data Docs pages) older than this many days are removed
-    results_keep_days: float = field(default=3.0, compare=False)
+    results_keep_days: float = field(default=1.0, compare=False)
     #: which stored results the checkpoint's Data Docs action renders: "failures" (the validations that failed an
     #: expectation, critical or warning: the pages a user opens; the default, most runs render nothing), "all"
     #: (every validation, as GX's action does by default; ~0.3 s a page) or "off"

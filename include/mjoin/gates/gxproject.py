@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -44,7 +45,7 @@ log = logging.getLogger("mjoin.gates")
 SITE = "local_site"
 #: validation results the Data Docs index lists (newest first): every action rebuilds the index, and GX reads
 #: each result it lists
-INDEX_LIMIT = 100
+INDEX_LIMIT = 30
 SOURCE = "mjoin"
 #: what this project registered in the context (see GXProject._definition)
 INDEX = "mjoin_registered.json"
@@ -52,8 +53,9 @@ INDEX = "mjoin_registered.json"
 DATA_DOCS_CSS = ("body{font-family:sans-serif;margin:1em 1.5em;font-size:14px}"
                  "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px}"
                  ".text-danger,.alert-danger{color:#b00020}.text-success{color:#1b5e20}\n")
-#: how often (seconds) a process removes stored results older than ``results_keep_days``
+#: how often (seconds) stored results older than ``results_keep_days`` are removed (the marker file's mtime)
 PRUNE_EVERY = 3600.0
+PRUNED = ".mjoin_pruned"
 
 
 class GXProject:
@@ -63,7 +65,6 @@ class GXProject:
         self.root = os.path.abspath(root)
         self._context = None
         self._registered: dict = {}  # suite name -> (the suite object of mjoin.gates.suites, its definition's id)
-        self._pruned = 0.0
 
     # ---- the context ----------------------------------------------------------------------
     @property
@@ -284,12 +285,21 @@ class GXProject:
         return "index.html"
 
     def prune(self, keep_days: float, now: float | None = None) -> int:
-        """Remove stored results older than ``keep_days`` (at most once per PRUNE_EVERY per process); the next
-        Data Docs build drops their pages (GX removes a page whose result is gone). The number removed."""
+        """Remove stored results older than ``keep_days``, at most once per PRUNE_EVERY per context (a marker
+        file: every Airflow task is a new process, and listing the store costs ~1 ms a result); the next Data
+        Docs build drops their pages (GX removes a page whose result is gone). The number removed."""
         now = time.time() if now is None else now
-        if now - self._pruned < PRUNE_EVERY:
+        marker = os.path.join(self.root, "uncommitted", PRUNED)
+        try:
+            last = os.path.getmtime(marker)
+        except OSError:
+            last = -math.inf
+        if now - last < PRUNE_EVERY and now >= last:
             return 0
-        self._pruned = now
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w") as fh:
+            fh.write(iso(now))
+        os.utime(marker, (now, now))
         store = self.context.validation_results_store
         cutoff = datetime.datetime.fromtimestamp(now - keep_days * 86400, datetime.timezone.utc)
         removed = 0
