@@ -37,15 +37,25 @@ pyarrow and scipy (tests/test_dags.py checks what parsing imports).
 """
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag, get_current_context, task, teardown
+from airflow.sdk import (Asset, AssetAlias, AssetOrTimeSchedule, AssetWatcher, DeltaTriggerTimetable, Param, dag,
+                         get_current_context, task, teardown)
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
+from mjoin.loop.assets import (ALIASES, GROUP, asset_name, asset_uri, drift_asset, drift_watch_settings,
+                               events as asset_events)
 from mjoin.loop.params import PERIOD_MINUTES, REOPTIMIZE_PARAMS, spark_conf, spark_env, spark_remote
+from mjoin.runtime.resources import Resources
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+if str(PLUGINS) not in sys.path:  # the drift watcher's trigger lives with the plugins (the triggerer imports it)
+    sys.path.append(str(PLUGINS))
+from mjoin_drift_trigger import DriftTrigger  # noqa: E402
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 SPARK_CONF = spark_conf()
@@ -53,6 +63,25 @@ SPARK_ENV = spark_env()  # spark-submit on PATH however the Airflow worker was s
 #: MJOIN_SPARK_REMOTE set: collect_statistics (continuous mode) connects to that warm Spark Connect server instead of
 #: a fresh spark-submit (~10 s of start-up per run); `join` (the engine needs a SparkContext) stays a spark-submit
 SPARK_REMOTE = spark_remote()
+
+
+#: the default query's assets, read by the tasks that use them (inlets; a run's events go to its own query's
+#: assets through the record task's aliases)
+ASSETS = {k: Asset(name=asset_name(k, REOPTIMIZE_PARAMS["query"][0]), uri=asset_uri(k, REOPTIMIZE_PARAMS["query"][0]),
+                   group=GROUP) for k in ALIASES}
+
+
+def _schedule():
+    """The period, or (unless MJOIN_DRIFT=off) the period OR a drift event of the default query's drift watcher
+    (docs/orchestration.md, "Drift-triggered runs")."""
+    period = DeltaTriggerTimetable(timedelta(minutes=PERIOD_MINUTES))
+    watch = drift_watch_settings()
+    if watch is None:
+        return period
+    query = REOPTIMIZE_PARAMS["query"][0]
+    trigger = DriftTrigger(lake=Resources.from_env().lake, query=query, **watch)
+    drift = Asset(**drift_asset(query), watchers=[AssetWatcher(name=f"mjoin_drift_{query}", trigger=trigger)])
+    return AssetOrTimeSchedule(timetable=period, assets=drift)
 
 
 def _params():
@@ -195,7 +224,7 @@ def _tasks():
 
         return _step(collect.check_statistics, ctx)
 
-    @task
+    @task(inlets=[ASSETS["statistics"]])
     def forecast(ctx: dict):
         from mjoin.loop import replan
 
@@ -207,7 +236,7 @@ def _tasks():
 
         return _step(replan.check_forecast, ctx)
 
-    @task
+    @task(inlets=[ASSETS["forecast"], ASSETS["active_plan"]])
     def optimize(ctx: dict):
         from mjoin.loop import replan
 
@@ -241,8 +270,10 @@ def _tasks():
             raise AirflowFailException(f"the statistics job failed (exit {rc}); see the log above")
 
     @teardown  # runs whatever happened before; as a teardown it leaves the run's state to the steps
+    @task(outlets=[AssetAlias(a) for a in ALIASES.values()])
     def record():
-        """The run's outcome, also when prepare failed (its context is then rebuilt from the params)."""
+        """The run's outcome, also when prepare failed (its context is then rebuilt from the params); the asset
+        events of what the run produced (mjoin.loop.assets)."""
         from mjoin.loop import config, outcome
 
         c = get_current_context()
@@ -251,7 +282,11 @@ def _tasks():
         states = {t: s for t, s in states.items() if t != ti.task_id}
         cfg, _ = config.lenient_config(_run_params(c), run_id=run.run_id, run_type=_run_type(run))
         ctx = ti.xcom_pull(task_ids="prepare") or config.fallback_context(cfg, _logical_date(c))
-        return outcome.record(cfg.for_run(ctx), ctx, states, dag_id=ti.dag_id)
+        out = outcome.record(cfg.for_run(ctx), ctx, states, dag_id=ti.dag_id)
+        for e in asset_events(out):
+            c["outlet_events"][AssetAlias(e["alias"])].add(Asset(name=e["name"], uri=e["uri"], group=e["group"]),
+                                                          extra=e["extra"])
+        return out
 
     ctx = prepare()
     landed = land(ctx)
@@ -259,6 +294,7 @@ def _tasks():
     mode = join_mode(ctx)
     join = SparkSubmitOperator(
         task_id="join", application=str(JOBS / "join_stats.py"), application_args=ctx["join_stats_args"],
+        inlets=[ASSETS["active_plan"]],
         conn_id="spark_default", name="mjoin-join", conf=SPARK_CONF, env_vars=SPARK_ENV, verbose=False)
     if SPARK_REMOTE:
         stats = collect_statistics_remote(ctx["stats_args"])
@@ -280,7 +316,7 @@ def _tasks():
     gate_stats >> fc >> gate_fc >> cand >> gate_plan >> deployed >> switched >> done
 
 
-reoptimize_dag("mjoin_reoptimize", timedelta(minutes=PERIOD_MINUTES),
+reoptimize_dag("mjoin_reoptimize", _schedule(),
                "statistics -> forecast -> optimize -> gate -> redeploy the multi-way join plan", ["mjoin"])
 reoptimize_dag("mjoin_demo", None, "make demo's re-optimization runs (mjoin_reoptimize's tasks, no schedule), kept "
                "out of mjoin_reoptimize's history", ["mjoin", "demo"])

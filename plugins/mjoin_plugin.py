@@ -11,6 +11,11 @@ plugin views). No user: 401 (a browser asking for HTML is sent to the login page
 without access: 403. A file's ``lake`` must be one the page lists (the live lake ``MJOIN_LAKE``, or one
 registered with Airflow's home, like the demo's), its namespace one that lake has, its ``query`` a known
 query, its ``name`` a file inside that query's report folder (mjoin.loop.ui.report_target).
+
+Links a user clicks (mjoin.loop.links): ``/mjoin/gx/<namespace>/<page>`` serves the Data Docs site of the
+lake's GX context (the gates' stored validations), ``/mjoin/plans/<query>/<version>`` one plan version with
+its lineage, ``/mjoin/task-docs/<dag>/<run>/<task>`` redirects a gate task (its "Data Docs" extra link,
+plugins/mjoin_links.py) to the page of its validation in that run.
 """
 from __future__ import annotations
 
@@ -19,14 +24,19 @@ import mimetypes
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.core_api.security import get_user
 from airflow.configuration import AIRFLOW_HOME
+from airflow.models.xcom import XComModel
 from airflow.plugins_manager import AirflowPlugin
+from airflow.utils.session import create_session
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mjoin.lake.layout import Lake
+from mjoin.lake.registry import PlanRegistry, RegistryError
+from mjoin.loop import links
 from mjoin.loop.airflow_env import registered_lakes
-from mjoin.loop.ui import LIVE, lakes, namespace_of, registry_json, registry_page, report_target
+from mjoin.loop.ui import LIVE, known_queries, lakes, namespace_of, registry_json, registry_page, report_target
 from mjoin.runtime import fsutil
 
 RESOURCE = "mjoin"
@@ -95,6 +105,48 @@ def files(lake: str, ns: str, query: str, name: str):
     """A file of a query's report folder (an evaluation report, a run's full error) in a lake and namespace."""
     _, root, namespace, _ = _where(lake, ns)
     return _serve(report_target(query, name, root, namespace), name, query)
+
+
+@app.get("/gx/{namespace}/{page:path}")
+def data_docs(namespace: str, page: str):
+    """A page of the Data Docs site of the lake's GX context (``live``, or a namespace with ``~`` for ``/``)."""
+    path = links.data_docs_target(namespace, page or "index.html")
+    if path is None:
+        raise HTTPException(status_code=404, detail=f"no Data Docs page {page!r} in {namespace!r}")
+    return FileResponse(path)
+
+
+@app.get("/plans/{query}/{version}")
+def plan_version(query: str, version: int):
+    """One version of a query's plan registry: the plan JSON and its lineage."""
+    if query not in known_queries():
+        raise HTTPException(status_code=404, detail=f"no query {query!r}")
+    reg = PlanRegistry(Lake.default(), query)
+    try:
+        plan = reg.get(version)
+    except RegistryError as exc:
+        raise HTTPException(status_code=404, detail=str(exc))
+    return JSONResponse({"query": query, "version": version, "active": reg.active_version() == version,
+                         "plan": plan.to_json(), "lineage": reg.lineage(version)})
+
+
+@app.get("/task-docs/{dag_id}/{run_id}/{task_id}")
+def task_docs(dag_id: str, run_id: str, task_id: str):
+    """The extra link of a gate task: the Data Docs page of its validation in that run (in the run folder
+    ``prepare`` pushed to XCom), else 404 saying why."""
+    gate = links.GATE_TASKS.get(task_id)
+    if gate is None:
+        raise HTTPException(status_code=404, detail=f"{task_id} is not a gate task")
+    pushed = {}
+    with create_session() as session:
+        for key in ("run_dir", "namespace"):
+            row = session.scalars(XComModel.get_many(run_id=run_id, key=key, task_ids="prepare", dag_ids=dag_id)).first()
+            pushed[key] = XComModel.deserialize_value(row) if row is not None else None
+    page = links.task_page(pushed["run_dir"], gate) if pushed["run_dir"] else None
+    if page is None:
+        raise HTTPException(status_code=404, detail=f"no Data Docs for {task_id} of {run_id}: the gate did not run "
+                                                    "or stored no results (gates param results_store off)")
+    return RedirectResponse(links.data_docs_url(pushed["namespace"] or "", page, base=""), status_code=307)
 
 
 class MjoinPlugin(AirflowPlugin):

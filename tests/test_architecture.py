@@ -17,6 +17,7 @@ LIBRARY = PROJECT / "include" / "mjoin"
 LAZY = {
     ("gates/input.py", "mjoin.gates.input_spark"): "the input gate imports no Spark unless asked to scan with it",
     ("gates/gxengine.py", "great_expectations"): "2.5-8 s to import; every gate module (every loop step) imports it",
+    ("gates/gxproject.py", "great_expectations"): "as gxengine: every gate module imports it; the evaluation replay stores nothing",
     ("forecast/holt.py", "statsmodels"): "1.5-3 s to import; readers of a forecast fit none",
     ("evaluation/report.py", "matplotlib"): "1-2 s to import; only a plot needs it",
     ("stats/kernel.py", "pandas"): "on the driver only: Spark's Python workers import this module without pandas",

@@ -44,8 +44,15 @@ def test_stats_and_forecast(seed_query, tmp_path, capsys):
     assert "stats.every_cycle_present failed on 1 row: cycle 2026-01-01T00:12:00Z missing" in capsys.readouterr().out
     cfg = tmp_path / "gates.yaml"
     cfg.write_text("min_history: 30\n")
-    assert main(base + ["--config", str(cfg)]) == 1
-    assert "stats.history_long_enough failed on 1 row: 12 cycles of history, need >= 30" in capsys.readouterr().out
+    assert main(base + ["--config", str(cfg)]) == 0  # a warning: shown, the gate passes
+    out = capsys.readouterr().out
+    assert "passed, 22 expectations checked, 1 warning" in out
+    assert "warning: stats.history_long_enough failed on 1 row: 12 cycles of history, need >= 30" in out
+    # stored in a GX context of one's own: the failing validation's Data Docs page is printed
+    gx_dir = tmp_path / "gx"
+    assert main(base + ["--from", cycle_iso(10), "--to", cycle_iso(13), "--set", f"results_store={gx_dir}"]) == 1
+    page = re.search(r"data docs: (\S+\.html)", capsys.readouterr().out).group(1)
+    assert page.startswith(str(gx_dir)) and "stats.every_cycle_present" in Path(page).read_text()
 
     fc = snapshot(seed_query, cycle_iso(12), kind="forecast", seed=3)
     ok = fc.save(tmp_path / "fc.json")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from mjoin.forecast.bound import SPREADS, ForecastBound
@@ -100,6 +100,25 @@ class GateConfig:
     #: below it the outcome is "no_change" (hysteresis against flapping on noise)
     improvement_threshold: float = 0.05
 
+    # ---- stored results (mjoin.gates.gxproject; not part of the suites: equal configs still share them) ----
+    #: the folder of the file-backed GX context where every gate run's Checkpoint stores its validation results
+    #: and rebuilds Data Docs; "" or "off": not stored (the fast path). The loop sets <lake>[/<namespace>]/gx
+    #: unless its ``gates`` param says ``results_store: "off"``
+    #: (docs/gates.md, "Checkpoints, stored results and Data Docs")
+    results_store: str = field(default="", compare=False)
+    #: the run name of the stored results (the loop: the Airflow run id; "": the time of the run)
+    results_run: str = field(default="", compare=False)
+    #: stored validation results (and their Data Docs pages) older than this many days are removed
+    results_keep_days: float = field(default=1.0, compare=False)
+    #: which stored results the checkpoint's Data Docs action renders: "failures" (the validations that failed an
+    #: expectation, critical or warning: the pages a user opens; the default, most runs render nothing), "all"
+    #: (every validation, as GX's action does by default; ~0.3 s a page) or "off"
+    results_docs: str = field(default="failures", compare=False)
+
+    @property
+    def stores_results(self) -> bool:
+        return bool(self.results_store) and self.results_store.strip().lower() not in ("off", "none", "false", "0")
+
     def __post_init__(self):
         problems = []
         for name in ("null_key_fraction_max", "late_fraction_max", "future_fraction_max"):
@@ -136,6 +155,8 @@ class GateConfig:
             problems.append(f"improvement_threshold={self.improvement_threshold!r} must be a finite number < 1")
         if self.forecast_spread not in SPREADS:
             problems.append(f"forecast_spread={self.forecast_spread!r} must be 'mad' or 'std'")
+        if self.results_docs not in ("failures", "all", "off"):
+            problems.append(f"results_docs={self.results_docs!r} must be 'failures', 'all' or 'off'")
         if self.input_engine not in ("pyarrow", "spark"):
             problems.append(f"input_engine={self.input_engine!r} must be 'pyarrow' or 'spark'")
         try:

@@ -28,7 +28,7 @@ import string
 import threading
 from typing import Iterable
 
-from mjoin.gates.result import FAILED, MAX_VALUES, Failure
+from mjoin.gates.result import CRITICAL, FAILED, MAX_VALUES, Failure
 from mjoin.model.timeutil import iso
 
 # great_expectations is imported inside the functions that use it, not at the top: it takes ~2.5-8 s to
@@ -39,12 +39,18 @@ _lock = threading.Lock()
 _runner = None
 
 
-def expect(cls_name: str, name: str, reason: str, render: str, outcome: str = FAILED, **kwargs):
-    """A GX expectation (class from ``great_expectations.expectations``) tagged with our id and rendering."""
+def expect(cls_name: str, name: str, reason: str, render: str, outcome: str = FAILED, severity: str = CRITICAL,
+           **kwargs):
+    """A GX expectation (class from ``great_expectations.expectations``) tagged with our id and rendering, and
+    GX's own ``severity`` (``critical``: a failure fails the gate; ``warning``: recorded and shown, the run goes
+    on; see docs/gates.md, "Severities")."""
     import great_expectations.expectations as gxe
 
     cls = getattr(gxe, cls_name)
-    return cls(meta={"name": name, "render": render, "outcome": outcome}, notes=reason, **kwargs)
+    # Data Docs render the description in place of GX's generic sentence: our name, severity and why
+    description = f"{name} [{severity}]: {reason}".replace("$", "$$")
+    return cls(meta={"name": name, "render": render, "outcome": outcome}, notes=reason, severity=severity,
+               description=description, **kwargs)
 
 
 def col(name: str):
@@ -115,10 +121,14 @@ class GXRunner:
 
     def validate(self, suite, frame) -> dict:
         """Validate ``frame`` (must hold ``where`` and ``row_id``) with ``suite``; the GX result as JSON."""
+        return self.validate_result(suite, frame).to_json_dict()
+
+    def validate_result(self, suite, frame):
+        """The GX ``ExpectationSuiteValidationResult`` of ``frame`` under ``suite`` (what a gate's Checkpoint
+        stores, :mod:`mjoin.gates.gxproject`)."""
         with _lock:
             vd = self._definition(suite)
-            result = _run(vd, {"dataframe": frame}, RESULT_FORMAT)
-        return result.to_json_dict()
+            return _run(vd, {"dataframe": frame}, RESULT_FORMAT)
 
 
 RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_VALUES,
@@ -194,15 +204,19 @@ def runner() -> GXRunner:
     return _runner
 
 
-def run_suite(suite, frame, gx_results: dict) -> list[Failure]:
-    """Validate ``frame`` with ``suite``, store the GX JSON in ``gx_results[suite.name]``, return the failures."""
+def run_suite(suite, frame, gx_results: dict, kept: list | None = None) -> list[Failure]:
+    """Validate ``frame`` with ``suite``, store the GX JSON in ``gx_results[suite.name]``, return the failures;
+    ``kept`` (a list) also gets ``(suite, the GX result object)`` for the gate's Checkpoint to store."""
     frame = frame.reset_index(drop=True)
     if ROW_ID not in frame.columns:
         frame[ROW_ID] = range(len(frame))
     if WHERE not in frame.columns:
         frame[WHERE] = [str(i) for i in range(len(frame))]
-    doc = runner().validate(suite, frame)
+    result = runner().validate_result(suite, frame)
+    doc = result.to_json_dict()
     gx_results[suite.name] = doc
+    if kept is not None:
+        kept.append((suite, result))
     return failures_from(doc, frame)
 
 
@@ -226,6 +240,8 @@ def failures_from(doc: dict, frame) -> list[Failure]:
             reason = " ".join(reason)
         column = kwargs.get("column") or kwargs.get("column_A")
         outcome = meta.get("outcome", FAILED)
+        severity = cfg.get("severity") or CRITICAL
+        severity = str(getattr(severity, "value", severity))  # GX's FailureSeverity is a str Enum
         render = meta.get("render") or "{where}"
         res = r.get("result") or {}
         exc = r.get("exception_info") or {}
@@ -235,7 +251,7 @@ def failures_from(doc: dict, frame) -> list[Failure]:
             msg = exc.get("exception_message") or next(
                 (v.get("exception_message") for v in exc.values() if isinstance(v, dict) and v.get("exception_message")), "")
             out.append(Failure(name, column, reason, values=[{"error": msg}], count=1,
-                               rendered=[f"could not be evaluated: {msg}"], outcome=outcome))
+                               rendered=[f"could not be evaluated: {msg}"], outcome=outcome, severity=severity))
             continue
         index_list = res.get("partial_unexpected_index_list")
         if index_list is not None and "unexpected_count" in res:
@@ -253,7 +269,7 @@ def failures_from(doc: dict, frame) -> list[Failure]:
                 values.append(value)
                 rendered.append(_render(render, value))
             out.append(Failure(name, column, reason, values=values, count=int(res.get("unexpected_count") or len(values)),
-                               rendered=rendered, outcome=outcome))
+                               rendered=rendered, outcome=outcome, severity=severity))
         else:  # table-level expectation: one observed value
             value = {"observed_value": _plain(res.get("observed_value"))}
             mismatched = (res.get("details") or {}).get("mismatched") or {}
@@ -261,7 +277,7 @@ def failures_from(doc: dict, frame) -> list[Failure]:
                 value.update({k: v for k, v in mismatched.items() if k in ("missing", "unexpected")})
             value.update({k: _plain(v) for k, v in kwargs.items() if k not in ("batch_id", "row_condition")})
             out.append(Failure(name, column, reason, values=[value], count=1, rendered=[_render(render, value)],
-                               outcome=outcome))
+                               outcome=outcome, severity=severity))
     return out
 
 

@@ -18,6 +18,9 @@ from mjoin.runtime.fsutil import atomic_write_text
 
 PASSED, FAILED, NO_CHANGE = "passed", "failed", "no_change"
 STATUSES = (PASSED, FAILED, NO_CHANGE)
+#: GX's severities (``great_expectations.expectations.metadata_types.FailureSeverity``): a failed ``critical``
+#: expectation fails its gate; a failed ``warning`` one is recorded and shown, and the gate passes
+CRITICAL, WARNING = "critical", "warning"
 #: how many failing values a Failure keeps (the GX result holds the same sample)
 MAX_VALUES = 10
 
@@ -33,6 +36,15 @@ class Failure:
     count: int = 0  # failing rows (1 for a table-level expectation)
     rendered: list = field(default_factory=list)  # the values as readable strings, e.g. "gamma[cu][sr]@... = 1.7"
     outcome: str = FAILED  # FAILED, or NO_CHANGE for the plan gate's improvement rule
+    severity: str = CRITICAL  # CRITICAL fails the gate, WARNING is recorded and shown
+
+    @property
+    def fails_gate(self) -> bool:
+        return self.outcome == FAILED and self.severity != WARNING
+
+    @property
+    def warning(self) -> bool:
+        return self.outcome == FAILED and self.severity == WARNING
 
     def describe(self) -> str:
         what = "row" if self.count == 1 else "rows"
@@ -43,13 +55,15 @@ class Failure:
 
     def to_json(self) -> dict:
         return {"expectation": self.expectation, "column": self.column, "reason": self.reason, "count": self.count,
-                "values": jsonable(self.values), "rendered": list(self.rendered), "outcome": self.outcome}
+                "values": jsonable(self.values), "rendered": list(self.rendered), "outcome": self.outcome,
+                "severity": self.severity}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Failure":
         return cls(expectation=doc["expectation"], column=doc.get("column"), reason=doc.get("reason", ""),
                    values=list(doc.get("values") or []), count=int(doc.get("count", 0)),
-                   rendered=list(doc.get("rendered") or []), outcome=doc.get("outcome", FAILED))
+                   rendered=list(doc.get("rendered") or []), outcome=doc.get("outcome", FAILED),
+                   severity=doc.get("severity", CRITICAL))
 
 
 class GateFailed(RuntimeError):
@@ -93,8 +107,13 @@ class GateResult:
 
     @property
     def failed_expectations(self) -> list[str]:
-        """Names of the expectations that failed (outcome FAILED), sorted."""
-        return sorted({f.expectation for f in self.failures if f.outcome == FAILED})
+        """Names of the critical expectations that failed (outcome FAILED), sorted: why the gate failed."""
+        return sorted({f.expectation for f in self.failures if f.fails_gate})
+
+    @property
+    def warning_expectations(self) -> list[str]:
+        """Names of the expectations of severity ``warning`` that failed, sorted (the gate still passes)."""
+        return sorted({f.expectation for f in self.failures if f.warning})
 
     @property
     def no_change_expectations(self) -> list[str]:
@@ -105,12 +124,23 @@ class GateResult:
         label = {PASSED: "passed", FAILED: "FAILED", NO_CHANGE: "no change"}[self.status]
         head = f"gate {self.gate}" + (f" ({self.query})" if self.query else "") + f": {label}"
         head += f", {len(self.evaluated)} expectations checked"
+        warnings = len(self.warning_expectations)
+        if warnings:
+            head += f", {warnings} warning" + ("s" if warnings > 1 else "")
         lines = [head]
         for f in self.failures:
-            prefix = "  no change: " if f.outcome == NO_CHANGE else "  "
+            prefix = "  no change: " if f.outcome == NO_CHANGE else "  warning: " if f.warning else "  "
             lines.append(prefix + f.describe())
         for note in self.details.get("notes", []):
             lines.append(f"  note: {note}")
+        docs = self.details.get("data_docs") or {}
+        if docs.get("error"):
+            lines.append(f"  data docs: not stored ({docs['error']})")
+        elif self.status == FAILED or warnings:
+            failing = {n for n, v in self.gx_result.items() if not v.get("success", True)}
+            for suite, page in (docs.get("pages") or {}).items():
+                if suite in failing:
+                    lines.append(f"  data docs: {docs.get('site', '')}/{page}".replace("//", "/"))
         return "\n".join(lines)
 
     # ---- status ------------------------------------------------------------------------
@@ -131,6 +161,7 @@ class GateResult:
             "checked_at": self.checked_at,
             "failed_expectations": self.failed_expectations,
             "no_change_expectations": self.no_change_expectations,
+            "warning_expectations": self.warning_expectations,
             "failures": [f.to_json() for f in self.failures],
             "evaluated": list(self.evaluated),
             "details": jsonable(self.details),
@@ -151,11 +182,11 @@ class GateResult:
 
 
 def status_of(failures) -> str:
-    """FAILED if any failure has outcome FAILED, else NO_CHANGE if any, else PASSED."""
-    outcomes = {f.outcome for f in failures}
-    if FAILED in outcomes:
+    """FAILED if a critical expectation failed, else NO_CHANGE if any failure says so, else PASSED (failed
+    expectations of severity ``warning`` alone leave the gate passed)."""
+    if any(f.fails_gate for f in failures):
         return FAILED
-    if NO_CHANGE in outcomes:
+    if any(f.outcome == NO_CHANGE for f in failures):
         return NO_CHANGE
     return PASSED
 

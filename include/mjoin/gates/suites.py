@@ -18,7 +18,7 @@ import sys
 
 from mjoin.gates.config import GateConfig
 from mjoin.gates.gxengine import expect, make_suite
-from mjoin.gates.result import NO_CHANGE
+from mjoin.gates.result import NO_CHANGE, WARNING
 from mjoin.model.query import load_query
 
 STREAM_FIELDS = ("lambda", "kappa", "window_tuples")
@@ -291,8 +291,9 @@ def stats_history_suite(query, cfg):
     """Frame ``history``: one row per distinct cycle present before the interval end."""
     return make_suite(f"mjoin.stats.history.{query.name}", [
         expect("ExpectTableRowCountToBeBetween", "stats.history_long_enough",
-               f"Holt smoothing needs about {cfg.min_history} points; fewer falls back to last value or mean",
-               "{observed_value} cycles of history, need >= {min_value}", min_value=cfg.min_history),
+               f"Holt smoothing needs about {cfg.min_history} points; fewer falls back to last value or mean "
+               "(a warning: the fallback forecast is still checked by the forecast gate)",
+               "{observed_value} cycles of history, need >= {min_value}", severity=WARNING, min_value=cfg.min_history),
     ])
 
 
@@ -327,7 +328,8 @@ def forecast_plausibility_suite(query, cfg):
     spread = "1.4826 x median absolute deviation" if cfg.forecast_spread == "mad" else "standard deviation"
     return make_suite(f"mjoin.forecast.plausibility.{query.name}", [
         expect("ExpectColumnValuesToBeBetween", "forecast.has_recent_history",
-               "a forecast for a series without recent history cannot be judged", "{field}{where}: no recent history",
+               "a forecast for a series without recent history cannot be judged (a warning: the value rules still "
+               "hold it finite and in range)", "{field}{where}: no recent history", severity=WARNING,
                column="n_history", min_value=1),
         expect("ExpectColumnValuesToBeBetween", "forecast.near_recent_history",
                f"more than k={cfg.forecast_spread_k:g} spreads outside the range of the last {cfg.forecast_window} cycles "
@@ -410,3 +412,10 @@ def _register_all():
     forecast_document_suite(q)
     plan_document_suite(q, cfg)
     return dict(EXPECTATIONS)
+
+
+def severities() -> dict[str, str]:
+    """Every expectation name -> its GX severity, ``critical`` or ``warning`` (docs/gates.md, "Severities")."""
+    _register_all()
+    return {e.meta["name"]: str(getattr(e.severity, "value", e.severity))
+            for suite in list(_SUITES.values()) for e in suite.expectations}

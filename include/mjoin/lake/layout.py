@@ -132,6 +132,10 @@ class Lake:
     def reports(self, query: str) -> str:
         return self._ns("reports", query)
 
+    def gx(self) -> str:
+        """The file-backed great-expectations context of this namespace (stored gate results, Data Docs)."""
+        return self._ns("gx")
+
     def local_path(self) -> str | None:
         """The lake as a local folder, or None when it is a remote URL."""
         return None if fsutil.is_url(self.root) else os.path.abspath(self.root)

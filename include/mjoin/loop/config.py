@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 
 from mjoin.gates.config import GateConfig
 from mjoin.lake.layout import Lake
+from mjoin.loop.links import data_docs_url, gate_page
 from mjoin.model.query import QuerySpecError, load_query
 from mjoin.model.timeutil import iso, parse_duration, parse_time
 from mjoin.optimizer.partitioning import GROUP_COUNTS, METHODS
@@ -145,10 +147,14 @@ class LoopConfig:
         return methods, counts, self.partition_groups != "auto"
 
     def gate_config(self):
-        """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds)."""
+        """The run's GateConfig: the defaults with this run's overrides (the only source of thresholds); the
+        gates' Checkpoints store their results in the lake's GX context (:func:`results_store`) under the run id."""
         overrides = dict(self.gates or {})
         if "improvement_threshold" not in overrides and self.improvement_threshold is not None:
             overrides["improvement_threshold"] = self.improvement_threshold
+        if "results_store" not in overrides:
+            overrides["results_store"] = results_store(self.lake_)
+        overrides.setdefault("results_run", self.run_id)
         return GateConfig.from_dict(overrides)
 
     def to_json(self) -> dict:
@@ -172,6 +178,23 @@ class LoopConfig:
 
     def load_query(self):
         return load_query(self.query)
+
+
+#: ``MJOIN_GATE_RESULTS=off`` keeps every run's gates on the fast path (no stored results, no Data Docs);
+#: one run says so with its ``gates`` param: ``{"results_store": "off"}``
+RESULTS_ENV = "MJOIN_GATE_RESULTS"
+
+
+def results_store(lake: Lake) -> str:
+    """Where a run's gates store their results: the lake's GX context (:meth:`Lake.gx`), ``off`` when
+    ``MJOIN_GATE_RESULTS=off``; a lake on a URL (HDFS, an object store) has no folder GX can write a file
+    context to: ``MJOIN_GATE_RESULTS`` may name a local folder for it, else nothing is stored."""
+    setting = os.environ.get(RESULTS_ENV, "").strip()
+    if setting.lower() in ("off", "false", "0", "no"):
+        return "off"
+    if fsutil.is_url(lake.root):
+        return setting or "off"
+    return setting or lake.gx()
 
 
 def interval_for(logical_date, period: float, cycle: float | None = None) -> tuple[datetime, datetime]:
@@ -266,10 +289,16 @@ def finish_gate(result, ctx: dict, name: str) -> dict:
     for line in result.summary().splitlines():
         log.info("%s", line)
     brief = {"gate": name, "status": result.status, "failures": [f.expectation for f in result.failures],
-             "result": fsutil.join(ctx["run_dir"], f"gate_{name}.json")}
+             "warnings": result.warning_expectations, "result": fsutil.join(ctx["run_dir"], f"gate_{name}.json")}
+    page = gate_page(doc)
+    if page:
+        brief["data_docs"] = data_docs_url(ctx.get("namespace") or "", page)
+        if result.status == "failed" or result.warning_expectations:
+            log.info("Data Docs of this validation: %s", brief["data_docs"])
     if result.status == "failed":
-        raise StepFailed(f"{name} gate failed: " + "; ".join(f.describe() if hasattr(f, "describe") else str(f)
-                                                              for f in result.failures[:5]), brief)
+        failing = [f for f in result.failures if f.fails_gate] or result.failures
+        raise StepFailed(f"{name} gate failed: " + "; ".join(f.describe() for f in failing[:5])
+                         + (f" (Data Docs: {brief['data_docs']})" if page else ""), brief)
     return brief
 
 

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, pct, query_name, read_optional, statistics_source, write_doc
+from mjoin.loop.links import GATES, run_links
 from mjoin.model.timeutil import iso
 from mjoin.runtime import fsutil
 
@@ -140,6 +141,8 @@ def record(cfg: LoopConfig, ctx: dict, states: dict, dag_id: str = "") -> dict:
                "recorded_at": iso(datetime.now(timezone.utc))}
     if (outcome["statistics"] or {}).get("fallback"):
         log.warning("statistics from the statistics job, not the join job's: %s", outcome["statistics"]["fallback"])
+    outcome["links"] = run_links(cfg.lake_, name, {g: read_optional(folder, f"gate_{g}.json") for g in GATES},
+                                 version if version is not None else outcome["active_version"])
     write_doc(fsutil.join(folder, "outcome.json"), outcome)
     log.info("outcome %s: %s%s (active v%s)%s", ctx["end"], status, f" v{version}" if version is not None else "",
              outcome["active_version"], f": {reason}" if reason and status == "failed" else "")

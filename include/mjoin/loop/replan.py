@@ -17,6 +17,7 @@ from mjoin.gates.plan import check_plan as plan_gate
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import LoopConfig, finish_gate, read_doc, stats_root, write_doc
+from mjoin.loop.drift import shift_since
 from mjoin.model.statistics import Statistics
 from mjoin.model.timeutil import iso, parse_time
 from mjoin.optimizer.calibrate import CalibrationError, calibrate_from_lake
@@ -39,8 +40,14 @@ def active_rule(cfg: LoopConfig, query) -> dict | None:
 
 def rule_history(cfg: LoopConfig, query, rule, end):
     """The last L cycles before ``end`` as statistics of ``rule``'s key groups (:func:`mjoin.stats.cells.
-    history_for_rule`: cycles computed under another rule are re-aggregated from their per-cell statistics)."""
+    history_for_rule`: cycles computed under another rule are re-aggregated from their per-cell statistics);
+    after a level shift the drift watcher recorded inside that window, only the cycles since it
+    (:func:`mjoin.loop.drift.shift_since`)."""
     start = parse_time(end) - timedelta(seconds=cfg.length * cfg.cycle)
+    shift = shift_since(cfg.lake_, query.name, start, end)
+    if shift is not None:
+        log.info("forecast of %s from %s on: the drift watcher saw a level shift there", query.name, iso(shift))
+        start = shift
     return history_for_rule(stats_root(cfg), query.name, rule, start=start, end=end)
 
 

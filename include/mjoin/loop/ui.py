@@ -29,6 +29,7 @@ from mjoin.evaluation.report import html_table
 from mjoin.lake.layout import Lake
 from mjoin.lake.registry import PlanRegistry
 from mjoin.loop.config import BACKFILL_NAMESPACE
+from mjoin.loop.links import links_html
 from mjoin.loop.params import query_choices
 from mjoin.model.timeutil import iso, parse_time
 from mjoin.runtime import fsutil
@@ -353,6 +354,7 @@ def registry_page(lake: Lake | None = None, namespace: str = "", lake_name: str 
                          f"stopped); newest: {_e(gaps[-1]['gap'].get('message'))}</p>")
         if info["outcomes"]:
             parts.append("<h3>recent re-optimizations</h3>" + outcomes_table(info["outcomes"], lake_name, namespace))
+            parts.append(links_html(list(reversed(info["outcomes"]))))
         parts.append(_quarantine_html(info["quarantine"]))
         if info["backfill_outcomes"]:
             url = "?" + urllib.parse.urlencode({"lake": lake_name, "ns": space(BACKFILL_NAMESPACE)})
