@@ -126,7 +126,7 @@ def plan_version(query: str, version: int):
         plan = reg.get(version)
     except RegistryError as exc:
         raise HTTPException(status_code=404, detail=str(exc))
-    return JSONResponse({"query": query, "version": version, "active": reg.active_version() == version,
+    return JSONResponse({"query": query, "version": version, "active": reg.active_version_or_none()[0] == version,
                          "plan": plan.to_json(), "lineage": reg.lineage(version)})
 
 

@@ -202,3 +202,22 @@ def test_the_job_keeps_its_last_good_plan_and_logs_once(spark, staged, seed_quer
     start, end = info["start"] - 3600, info["end"] + 60
     run_interval(spark, seed_query, None, lake, start, end, end - start, str(out), config=EngineConfig(buckets=4))
     same_results(lake, str(out), seed_query, "a damaged ACTIVE while streaming, a restart")
+
+
+def test_readers_of_the_registry_report_a_damaged_pointer_and_go_on(lake, seed_query):
+    """The mjoin page, its JSON, the drift watcher and a run's outcome read ACTIVE only to report it: a damaged
+    one is shown with how to repair it, never a crashed page or task."""
+    from mjoin.loop import drift, ui
+
+    reg = registry(lake, seed_query)
+    damage(reg, "{}")
+    assert reg.active_version_or_none() == (None, reg.pointer_problem())
+    info = ui.registry_json(lake)[QUERY]
+    assert info["active"] is None and "plans repair" in info["damaged_pointer"]
+    assert [v["version"] for v in info["versions"]] == [1, 2, 3]
+    page = ui.registry_page(lake)
+    assert "ACTIVE pointer" in page and "plans repair" in page
+    found = drift.detect(lake, QUERY)
+    assert found["active_version"] is None and "plans repair" in found["damaged_pointer"] and not found["drift"]
+    reg.repair(by="test", query=seed_query)
+    assert ui.registry_json(lake)[QUERY]["damaged_pointer"] is None and reg.active_version_or_none() == (3, None)

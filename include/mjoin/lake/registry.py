@@ -178,6 +178,14 @@ class PlanRegistry:
         rec = self.active_record()
         return rec.version if rec else None
 
+    def active_version_or_none(self) -> tuple[int | None, str | None]:
+        """``(version, problem)``: the active version and None, or None and why ACTIVE is damaged (for readers
+        that report the registry and must not fail on it: the UI, an outcome, the drift watcher)."""
+        try:
+            return self.active_version(), None
+        except DamagedPointer as exc:
+            return None, str(exc)
+
     def active(self, query=None) -> Plan | None:
         """The active plan (None before the first activation)."""
         v = self.active_version()
@@ -201,10 +209,7 @@ class PlanRegistry:
     def history(self) -> list[dict]:
         """Every version with its strategy, creation time, lineage summary and whether it is active; a version
         whose file cannot be read is listed with ``damaged`` (why) and no strategy."""
-        try:
-            active = self.active_version()
-        except DamagedPointer:
-            active = None
+        active, _ = self.active_version_or_none()
         out = []
         for v in self.versions():
             try:

@@ -146,9 +146,12 @@ def _stats_from(cfg: LoopConfig, query, start: datetime, end: datetime, began: d
 
 def _first_plan(cfg: LoopConfig, query, folder: str) -> str | None:
     """The plan the join uses: the registry's active plan, else the fixed order of
-    ``initial_order`` (written to the run folder), else None (the engine's spec order)."""
+    ``initial_order`` (written to the run folder), else None (the engine's spec order). A damaged ACTIVE is
+    logged and counts as none here (the join job keeps its last good plan; ``plans repair`` fixes it)."""
     reg = PlanRegistry(cfg.lake_, query.name)
-    version = reg.active_version()
+    version, damaged = reg.active_version_or_none()
+    if damaged:
+        log.warning("%s", damaged)
     if version is not None:
         return fsutil.join(reg.root, f"v{version:06d}.json")
     if cfg.initial_order:

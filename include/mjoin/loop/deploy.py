@@ -132,7 +132,7 @@ def _rollback_and_fail(cfg: LoopConfig, ctx: dict, query_name: str, version: int
         out.update(outcome="rolled_back", rolled_back_to=rec.version)
         text = f"{message}: rolled back to v{rec.version}"
     except RegistryError as exc:  # someone activated another version meanwhile, or nothing to go back to
-        out.update(outcome="not_rolled_back", active_version=reg.active_version(), registry=str(exc))
+        out.update(outcome="not_rolled_back", active_version=reg.active_version_or_none()[0], registry=str(exc))
         text = f"{message}; {exc}"
     write_doc(fsutil.join(ctx["run_dir"], "switch.json"), out)
     log.error("%s", text)

@@ -168,8 +168,9 @@ def detect(lake: Lake, query: str, cfg: DriftConfig = DriftConfig()) -> dict:
                                   f"{cfg.confirm} cycles, e.g. {e['series']}: forecast {e['forecast']:.4g}, measured "
                                   f"{', '.join(f'{v:.4g}' for v in e['measured'])} ({', '.join(map(str, e['errors']))} "
                                   "spreads)")
-    version = PlanRegistry(lake, query).active_version()
+    version, damaged = PlanRegistry(lake, query).active_version_or_none()
     out["active_version"] = version
+    out["damaged_pointer"] = damaged  # no active plan to judge: no cost signal
     if version is not None:
         try:
             records = read_metrics(lake, query)[-200:]

@@ -133,7 +133,7 @@ def record(cfg: LoopConfig, ctx: dict, states: dict, dag_id: str = "") -> dict:
                "caught_up_from": covered.get("caught_up_from"), "gap": covered.get("gap"),
                "status": status, "reason": reason, "reasons": reasons, "logs": logs,
                "strategy": cfg.strategy, "version": version, "previous": dep.get("previous"),
-               "active_version": reg.active_version(), "deployed": status == "deployed",
+               "active_version": reg.active_version_or_none()[0], "deployed": status == "deployed",
                "switch": switch or None, "estimated_gain": details.get("improvement"),
                "threshold": details.get("threshold", cfg.improvement_threshold),
                "gates": gates, "statistics": statistics_source(folder), "changes": changes, "failed_tasks": failed,

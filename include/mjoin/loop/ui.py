@@ -172,7 +172,8 @@ def registry_json(lake: Lake | None = None, namespace: str = "") -> dict:
     for q in queries_with_plans(ns_lake):
         reg = PlanRegistry(ns_lake, q)
         backfills = read_outcomes(Lake(lake.root, BACKFILL_NAMESPACE), q, limit=20) if not namespace else []
-        out[q] = {"active": reg.active_version(), "versions": reg.history(), "activations": reg.activations(),
+        active, damaged = reg.active_version_or_none()
+        out[q] = {"active": active, "damaged_pointer": damaged, "versions": reg.history(), "activations": reg.activations(),
                   "outcomes": read_outcomes(ns_lake, q, limit=50),
                   "reports": [n for n in fsutil.listdir(ns_lake.reports(q)) if n.endswith(".html")],
                   "evaluation_reports": evaluation_reports(lake, q),
@@ -347,6 +348,8 @@ def registry_page(lake: Lake | None = None, namespace: str = "", lake_name: str 
         parts.append("<p>No plans yet. Run <code>make demo</code> or trigger <code>mjoin_reoptimize</code>.</p>")
     for q, info in data.items():
         parts.append(f"<h2>{html.escape(q)}</h2><p>active version: <b>{info['active'] or 'none'}</b></p>")
+        if info.get("damaged_pointer"):
+            parts.append(f"<p class='gap'>{_e(info['damaged_pointer'])}</p>")
         gaps = [o for o in info["outcomes"] if o.get("gap")]
         if gaps:
             parts.append(f"<p class='gap'>{len(gaps)} run(s) report a gap: cycles with landed data that no run "
