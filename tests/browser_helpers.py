@@ -83,6 +83,27 @@ def wait_for(driver, condition, timeout: float = 60, poll: float = 0.5, what: st
                          f"screenshot {shot})")
 
 
+def type_into(element, text: str, attempts: int = 4) -> None:
+    """Type ``text`` into an input as a user does, and check that it holds it: under load Chromium can lose a
+    keystroke while React re-renders a controlled input (seen: "deo/lake" for "demo/lake"), so the field is
+    cleared and typed again, more slowly, until it reads back what was typed."""
+    from selenium.webdriver.common.keys import Keys
+
+    for attempt in range(attempts):
+        element.send_keys(Keys.CONTROL, "a")
+        element.send_keys(Keys.DELETE)
+        if attempt == 0:
+            element.send_keys(text)
+        else:
+            for ch in text:
+                element.send_keys(ch)
+                time.sleep(0.02 * attempt)
+        time.sleep(0.2)
+        if element.get_attribute("value") == text:
+            return
+    raise AssertionError(f"the field holds {element.get_attribute('value')!r}, not {text!r}, after {attempts} tries")
+
+
 def login(driver, base: str, password: str, user: str = "admin") -> None:
     """Log in through the simple auth manager's login form, as a user would."""
     from selenium.webdriver.common.by import By

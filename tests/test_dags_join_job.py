@@ -154,7 +154,8 @@ def test_scheduled_runs_reoptimize_the_running_streaming_job(world, connect):
     """Production: the streaming join job runs (started by mjoin_join_job through the scheduler), a real-time feed
     lands into the lake, and mjoin_reoptimize runs on its schedule (1-minute periods, unaligned logical dates) with
     the default params. Every scheduled run resolves mode auto to continuous: it skips `join` (which would be
-    refused: the job holds the query), its statistics run in the Spark Connect server's session, and it deploys
+    refused: the job holds the query), its statistics (the job computes none here) run in the Spark Connect
+    server's session at once, and it deploys
     (the job switches to the new version at its next batch) or reports no change, for several periods, the job
     running all along. Runs that overran their period leave no cycle uncovered: each run starts where the one
     before it ended."""
@@ -177,7 +178,7 @@ def test_scheduled_runs_reoptimize_the_running_streaming_job(world, connect):
         with services(env, world["root"]) as (senv, port):
             runs = "/api/v2/dags/mjoin_reoptimize/dagRuns"
             api(port, "/api/v2/dags/mjoin_join_job/dagRuns", senv, "POST",
-                {"logical_date": None, "conf": {"action": "start", "interval": 5}})
+                {"logical_date": None, "conf": {"action": "start", "interval": 5, "stats_cycle": 0}})
             st = control.wait_running(timeout=400, poll=2)
             assert st["running"] and st["trigger"] == "processingTime", st
             started = parse_time(st["started_at"])
@@ -216,6 +217,10 @@ def test_scheduled_runs_reoptimize_the_running_streaming_job(world, connect):
         assert at.microsecond or at.second % 10, o["logical_date"]  # a scheduled run's unaligned logical date
         assert o["mode_reason"].startswith("mode auto: the streaming join job") and listed[o["run_id"]] == "success"
         assert o["tasks"]["join"] == "skipped" and o["tasks"]["collect_statistics"] == "success", o["tasks"]
+        # a job started without its own statistics: the step does not wait for them, the statistics job runs in
+        # the Connect server's session (the job's own statistics: tests/test_dags_job_statistics.py)
+        assert o["statistics"]["source"] == "standalone" and "without --stats-cycle" in o["statistics"]["fallback"]
+        assert o["statistics"]["waited_seconds"] == 0, o["statistics"]
         assert _stats_summary(lake, o["interval_end"])["spark"]["session"] == "connect"
         if o["status"] == "deployed":
             assert o["switch"]["outcome"] == "switched" and o["switch"]["version"] == o["version"]

@@ -102,6 +102,22 @@ def test_a_query_with_band_predicates_falls_back_at_once(tmp_path):
     assert got["source"] is None and "band predicates" in got["fallback"] and got["waited_seconds"] == 0
 
 
+def test_a_job_computing_no_or_other_cycles_is_not_waited_for(tmp_path, query):
+    """The running job's status says which statistics cycle it computes (its claim): none, or another than the
+    run's, falls back at once instead of waiting for cycles that will never come; the same cycle is waited for."""
+    lake = Lake(str(tmp_path / "lake"))
+    clock = Clock()
+    none = use_job_statistics(query, lake, T0, T0 + 6 * TAU, TAU, running=lambda: True, wait=600, clock=clock,
+                              sleep=clock.sleep, job_cycle=0)
+    assert none["source"] is None and "without --stats-cycle" in none["fallback"] and clock.t == 0
+    other = use_job_statistics(query, lake, T0, T0 + 6 * TAU, TAU, running=lambda: True, wait=600, clock=clock,
+                               sleep=clock.sleep, job_cycle=2 * TAU)
+    assert other["source"] is None and f"computes {2 * TAU:g}-s cycles" in other["fallback"] and clock.t == 0
+    same = use_job_statistics(query, lake, T0, T0 + 6 * TAU, TAU, running=lambda: True, wait=30, clock=clock,
+                              sleep=clock.sleep, job_cycle=TAU)
+    assert same["source"] is None and "lagging" in same["fallback"] and clock.t >= 30
+
+
 def test_which_cycles_a_batch_counts_and_its_purge_bound(tmp_path, query):
     lake = Lake(str(tmp_path / "lake"))
     job = JobStatistics(query, lake, TAU)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from airflow_helpers import api, make_env, services
-from browser_helpers import chromium, chromium_or_skip, login, wait_for
+from browser_helpers import chromium, chromium_or_skip, login, type_into, wait_for
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 QUERY = "tpcds_returns_by_address"
@@ -113,8 +113,8 @@ def test_trigger_with_the_defaults_and_with_edited_values(world):
     select = dialog.find_element(By.CSS_SELECTOR, "#element_strategy input[role=combobox]")
     select.send_keys("dppick")
     select.send_keys(Keys.ENTER)
-    dialog.find_element(By.ID, "element_lake").send_keys(str(world["demo_lake"]))
-    dialog.find_element(By.ID, "element_interval_end").send_keys(DEMO_END)
+    type_into(dialog.find_element(By.ID, "element_lake"), str(world["demo_lake"]))
+    type_into(dialog.find_element(By.ID, "element_interval_end"), DEMO_END)
     dry = dialog.find_element(By.CSS_SELECTOR, "input[name=element_dry_run]")
     d.execute_script("arguments[0].scrollIntoView({block: 'center'})", dry)
     dry.find_element(By.XPATH, "./..").click()

@@ -209,7 +209,8 @@ def claim_job(args):
         return None
     lake = Lake(args.lake, args.namespace)
     try:
-        return JobControl(lake, load_query(args.query).name).claim(claim_info(args.trigger, args.interval))
+        return JobControl(lake, load_query(args.query).name).claim(
+            claim_info(args.trigger, args.interval, getattr(args, "stats_cycle", 0) or 0))
     except JobRunning as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:  # the control folder cannot be written: a read-only or full lake

@@ -119,12 +119,12 @@ def run(args) -> int:
     report = {"source": "standalone", "start": iso(start), "end": iso(end), "cycle_seconds": cycle}
     if args.prefer_job:
         control = JobControl(lake, query.name)
-        wait = args.job_wait
+        wait, job = args.job_wait, control.status()
         if wait is None:
-            trigger = float(control.status().get("interval") or 10.0)
+            trigger = float(job.get("interval") or 10.0)
             wait = cycle + query.lateness + 3 * trigger + 15.0
         used = use_job_statistics(query, lake, start, end, cycle, out=args.out, wait=wait,
-                                  running=lambda: control.status()["running"])
+                                  running=lambda: control.status()["running"], job_cycle=job.get("stats_cycle"))
         report.update(used)
         if used["source"] == "job":
             _write_report(args.report, report)

@@ -122,9 +122,10 @@ def checkpoint_manager(spark, lake) -> str | None:
     return None
 
 
-def claim_info(trigger: str, interval: float | None) -> dict:
-    """What a streaming job's claim records about its run (``engine.control``)."""
-    return {"trigger": trigger, "interval": interval, "engine": "mjoin"}
+def claim_info(trigger: str, interval: float | None, stats_cycle: float = 0) -> dict:
+    """What a streaming job's claim records about its run (``engine.control``); ``stats_cycle``: the cycle of
+    the statistics it computes itself (0: none), which the loop's statistics step reads before waiting for them."""
+    return {"trigger": trigger, "interval": interval, "engine": "mjoin", "stats_cycle": stats_cycle}
 
 
 class StopAtBoundary(Exception):
@@ -455,7 +456,7 @@ def run_stream(spark, query, lake, *, trigger: str = "availableNow", interval: f
     lake = as_lake(lake)
     t0 = time.perf_counter()
     if claim is None:
-        claim = JobControl(lake, query.name).claim(claim_info(trigger, interval))
+        claim = JobControl(lake, query.name).claim(claim_info(trigger, interval, stats.tau_s if stats else 0))
     job = None
     watcher = Watcher(claim, progress=lambda: job.progress() if job else {},
                       recorded=lambda: job is None or job.recorded(), hold=lambda: job is None or job.hold())

@@ -368,14 +368,19 @@ def check_cycles(query, root, start, end, cycle_seconds) -> dict:
 
 
 def use_job_statistics(query, lake, start, end, cycle_seconds, *, running, out=None, wait: float = 120.0,
-                       poll: float = 1.0, clock=time.monotonic, sleep=time.sleep) -> dict:
+                       poll: float = 1.0, clock=time.monotonic, sleep=time.sleep, job_cycle: float | None = None) -> dict:
     """The statistics step of a continuous-mode run: the cycles of ``[start, end)`` the join job emitted, read
     and validated. While some are missing and the job runs (``running()``), wait for it to catch up, at most
     ``wait`` seconds. Returns ``{"source": "job", ...}`` when every cycle is there and valid, else ``{"source":
-    None, "fallback": why}`` (the caller then runs the standalone statistics job)."""
+    None, "fallback": why}`` (the caller then runs the standalone statistics job). ``job_cycle``: the statistics
+    cycle the running job computes, as its status records it (0: none; None: not known); another cycle than
+    ``cycle_seconds`` falls back at once, with no waiting."""
     root = str(out) if out else history_root(lake)
     why_not = unsupported(query)
-    if why_not:  # the job emits nothing for such a query: no waiting
+    if why_not is None and job_cycle is not None and float(job_cycle) != float(cycle_seconds) and running():
+        why_not = ("it was started without --stats-cycle (mjoin_join_job's stats_cycle 0)" if not job_cycle else
+                   f"it computes {float(job_cycle):g}-s cycles, the run wants {float(cycle_seconds):g}-s ones")
+    if why_not:  # the job emits nothing usable for this run: no waiting
         return {"source": None, "fallback": f"the join job does not compute them: {why_not}", "waited_seconds": 0.0,
                 "history": root}
     t_start = clock()
