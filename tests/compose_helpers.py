@@ -93,8 +93,15 @@ class Deployment:
         return proc
 
     def up(self) -> None:
-        """``docker compose up -d --build``, what the user types."""
-        self.compose("up", "-d", "--build", timeout=3600)
+        """``docker compose up -d --build``, what the user types; first the leftovers of an earlier test run that
+        was killed before its ``down -v`` (its PostgreSQL volume holds another run's secrets: airflow-init could
+        not log in). A failed ``up`` says why with the logs of the services that ended."""
+        self.compose("down", "-v", "--remove-orphans", check=False, timeout=600)
+        try:
+            self.compose("up", "-d", "--build", timeout=3600)
+        except RuntimeError as exc:
+            ended = [s for s, v in self.services().items() if v["state"] == "exited" and v["exit"] != 0]
+            raise RuntimeError(f"{exc}\nlogs of the services that ended: {ended}\n{self.logs(*ended)}") from None
 
     def services(self) -> dict:
         """Service -> its container's state, health and exit code (``docker compose ps -a``)."""
