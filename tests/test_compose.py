@@ -337,7 +337,8 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
             tis = {ti["task_id"]: ti for ti in _http_json(
                 f"{API}/api/v2/dags/mjoin_reoptimize/dagRuns/{r['dag_run_id']}/taskInstances", token=token)[
                 "task_instances"]}
-            assert tis["join"]["state"] == tis["collect_statistics"]["state"] == "success", \
+            # cycle mode: one spark-submit joins the interval and then computes its statistics (jobs/join_stats.py)
+            assert (tis["join"]["state"], tis["collect_statistics"]["state"]) == ("success", "skipped"), \
                 {k: v["state"] for k, v in tis.items()}
             latencies += [(parse_time(ti["start_date"]) - parse_time(ti["queued_when"])).total_seconds()
                           for ti in tis.values() if ti.get("queued_when") and ti.get("start_date")]
@@ -355,7 +356,7 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         assert sorted(parse_time(o["interval_end"]) for o in done) == [parse_time(d) for d in BACKFILL]
         assert outcomes["active"] is not None
         apps = [a["name"] for a in _http_json(MASTER_UI)["completedapps"] if a["id"] not in apps_before]
-        assert len(apps) >= 4, apps  # each run's join and statistics jobs ran on the standalone master
+        assert len(apps) >= 2, apps  # each run's join and statistics (one application) ran on the standalone master
 
         # ---- the streaming job on the master with both workers; the worker running batch 1's task killed
         lake = Lake("/lake", STREAM_NS)
