@@ -8,10 +8,10 @@ PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Two pytest-xdist workers on 2 cores: the real-Airflow, live and cluster tests partly wait on the clock
+# Three pytest-xdist workers on 2 cores: the real-Airflow, live and cluster tests partly wait on the clock
 # (scheduled periods, real-time landers, restarts); scheduling in tests/conftest.py.
 # PYTEST_WORKERS=0 runs in one process (e.g. to debug with -s); PYTEST_ARGS adds pytest arguments.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 # spark-submit and airflow are only on PATH with the venv's bin/ first.
 # (Airflow's own settings: include/mjoin/loop/airflow_env.py, used by the demo, `make airflow` and the tests.)

@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers. A module's tests stay on one worker, in order (module
+    """`make test` runs three pytest-xdist workers (Makefile). A module's tests stay on one worker, in order (module
     fixtures such as test_dags' `world` are built once and its tests build on each other), and the
     test_cluster_* modules share one worker (each standalone application takes all the cluster's cores: two
     at once would wait for each other). By path, in the scheduler: `--dist loadgroup` with `xdist_group`
