@@ -2,9 +2,11 @@
 1-minute periods, 5-s statistics cycles, a project-local Airflow home on SQLite."""
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from pathlib import Path
 
+from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso, parse_time
 
 from airflow_helpers import make_env
@@ -35,3 +37,36 @@ def make_world(root: Path) -> dict:
             "gates": {}}
     airflow_cmd(["dags", "reserialize"], env, capture=True)  # parse dags/ into the metadata DB
     return {"root": root, "workload": workload, "lake": lake, "env": env, "conf": conf, "log": root / "airflow.log"}
+
+
+class Lander(threading.Thread):
+    """Lands the workload's arrival cycles following the simulated clock, until stopped (a live feed; the
+    continuous-mode scheduler tests)."""
+
+    class Stop(Exception):
+        pass
+
+    def __init__(self, workload, lake, since: str, until: str, speed: float):
+        super().__init__(name="lander", daemon=True)
+        self.args = (workload, lake, since, until, speed)
+        self.halt = threading.Event()
+        self.error = None
+
+    def _sleep(self, seconds: float) -> None:
+        if self.halt.wait(seconds):
+            raise Lander.Stop()
+
+    def run(self):
+        from mjoin.workloads.lander import land
+
+        workload, lake, since, until, speed = self.args
+        try:
+            land(workload, Lake(str(lake)), until=until, since=since, speed=speed, sleep=self._sleep)
+        except Lander.Stop:
+            pass
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    def stop(self):
+        self.halt.set()
+        self.join(timeout=60)

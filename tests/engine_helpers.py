@@ -370,16 +370,17 @@ def start_job(lake: Lake, log, *args, spark_submit: bool = True):
                                 env=job_env(), start_new_session=True)
 
 
-def kill_tree(proc) -> None:
+def kill_tree(proc, started: bool = True) -> None:
     """SIGKILL the job's whole process tree: spark-submit's JVM, the Python driver, and PySpark's
-    worker daemon with its workers (the daemon runs in a process group of its own)."""
+    worker daemon with its workers (the daemon runs in a process group of its own). ``started``: the job is
+    known to be past its Spark start (at least three processes); False for a kill at any moment."""
     import signal
 
     import psutil
 
     root = psutil.Process(proc.pid)
     tree = [root] + root.children(recursive=True)
-    assert len(tree) >= 3, [p.name() for p in tree]  # JVM or launcher, driver, workers
+    assert not started or len(tree) >= 3, [p.name() for p in tree]  # JVM or launcher, driver, workers
     os.killpg(proc.pid, signal.SIGKILL)
     for p in tree:
         try:

@@ -5,14 +5,13 @@ same tiny TPC-DS setup as test_dags.py (dags_world.py), in its own Airflow home 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import timedelta
 
 import pytest
 
 from airflow_helpers import api, services
-from dags_world import CYCLE, PERIOD, QUERY, START, make_world
+from dags_world import CYCLE, PERIOD, QUERY, START, Lander, make_world
 from engine_helpers import start_job
 from mjoin.engine.control import JobControl
 from mjoin.lake.layout import Lake
@@ -21,38 +20,6 @@ from mjoin.runtime import fsutil
 from mjoin.stats import history
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
-
-
-class Lander(threading.Thread):
-    """Lands the workload's arrival cycles following a simulated clock (a live feed), until stopped."""
-
-    class Stop(Exception):
-        pass
-
-    def __init__(self, workload, lake, since: str, until: str, speed: float):
-        super().__init__(name="lander", daemon=True)
-        self.args = (workload, lake, since, until, speed)
-        self.halt = threading.Event()
-        self.error = None
-
-    def _sleep(self, seconds: float) -> None:
-        if self.halt.wait(seconds):
-            raise Lander.Stop()
-
-    def run(self):
-        from mjoin.workloads.lander import land
-
-        workload, lake, since, until, speed = self.args
-        try:
-            land(workload, Lake(str(lake)), until=until, since=since, speed=speed, sleep=self._sleep)
-        except Lander.Stop:
-            pass
-        except Exception as exc:  # reported by the test
-            self.error = exc
-
-    def stop(self):
-        self.halt.set()
-        self.join(timeout=60)
 
 
 def _run(port, env, lake, logical_date, conf) -> dict:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +21,7 @@ from mjoin.lake.layout import Lake
 from mjoin.model.timeutil import iso
 
 from airflow_helpers import dags_test, list_runs, task_states
-from dags_world import CYCLE, PERIOD, QUERY, START, logical, make_world
+from dags_world import CYCLE, PERIOD, QUERY, START, Lander, logical, make_world
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -30,38 +29,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     return make_world(tmp_path_factory.mktemp("dags_join_job"))
-
-
-class Lander(threading.Thread):
-    """Lands the workload's arrival cycles following the simulated clock, until stopped (a live feed)."""
-
-    class Stop(Exception):
-        pass
-
-    def __init__(self, workload, lake, since: str, until: str, speed: float):
-        super().__init__(name="lander", daemon=True)
-        self.args = (workload, lake, since, until, speed)
-        self.halt = threading.Event()
-        self.error = None
-
-    def _sleep(self, seconds: float) -> None:
-        if self.halt.wait(seconds):
-            raise Lander.Stop()
-
-    def run(self):
-        from mjoin.workloads.lander import land
-
-        workload, lake, since, until, speed = self.args
-        try:
-            land(workload, Lake(str(lake)), until=until, since=since, speed=speed, sleep=self._sleep)
-        except Lander.Stop:
-            pass
-        except Exception as exc:  # reported by the test
-            self.error = exc
-
-    def stop(self):
-        self.halt.set()
-        self.join(timeout=60)
 
 
 def test_join_job_lifecycle_and_continuous_reoptimization(world):

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -29,13 +27,12 @@ import time
 import uuid
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from engine_helpers import T0, assert_same_results, job_env, no_leaked_queries, reference
+from engine_helpers import T0, assert_same_results, job_env, kill_tree, no_leaked_queries, reference
 from hostile_helpers import accepted_lake, local_path, rejected_files, rejected_row_keys, same_results
 from mjoin.engine.config import EngineConfig
 from mjoin.engine.control import JobControl
@@ -167,19 +164,6 @@ class Lander(threading.Thread):
             self.error = exc
 
 
-def kill_job(proc) -> None:
-    """SIGKILL the job's whole process tree (its process group, and every child wherever it is)."""
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=60)
-    proc.wait(60)
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_streaming_equals_the_interval_over_the_accepted_rows(spark, tmp_path, monkeypatch, seed):
     from mjoin.engine import stream
@@ -253,7 +237,7 @@ def test_streaming_equals_the_interval_over_the_accepted_rows(spark, tmp_path, m
         lander.start()
         time.sleep(rng.uniform(1, 6))
         killed_in = control.status().get("batch_in_progress")
-        kill_job(job)
+        kill_tree(job, started=False)
     finally:
         if job.poll() is None:
             job.kill()
