@@ -275,7 +275,10 @@ def test_live_scheduler_trigger_checks_and_sequential_backfill(world):
                     outcomes.pop(0)
                 scheduled = outcomes
                 done = len(backfill) == 3 and all(r["state"] in ("success", "failed") for r in backfill)
-                if done and (len(scheduled) >= 3 or any(o["status"] == "failed" for o in scheduled)):
+                # an outcome is written by the run's last task (record), before the scheduler marks the run
+                ended = {r["run_id"] for r in runs if r["state"] in ("success", "failed")}
+                if done and (len(scheduled) >= 3 and {o["run_id"] for o in scheduled[:3]} <= ended
+                             or any(o["status"] == "failed" and o["run_id"] in ended for o in scheduled)):
                     break
                 time.sleep(5)
             airflow_cmd(["dags", "pause", "mjoin_reoptimize"], env, capture=True)

@@ -164,13 +164,16 @@ def test_scheduled_runs_reoptimize_the_running_streaming_job(world, connect):
             api(port, "/api/v2/dags/mjoin_join_job/dagRuns", senv, "POST",
                 {"logical_date": None, "conf": {"action": "stop", "stop_timeout": 120}})
             stopped = control.wait_stopped(180)
-            until = time.monotonic() + 180  # the start run's task ends with the job, then Airflow records it
+            # the start run's task ends with the job, then Airflow records it; a re-optimization run's outcome is
+            # written by its last task (record), before the scheduler marks the run itself: wait for both
+            until = time.monotonic() + 180
             while time.monotonic() < until:
                 job_runs = api(port, "/api/v2/dags/mjoin_join_job/dagRuns?order_by=run_after", senv)["dag_runs"]
-                if all(r["state"] in ("success", "failed") for r in job_runs):
+                listed = {r["dag_run_id"]: r["state"] for r in api(port, f"{runs}?limit=100", senv)["dag_runs"]}
+                if (all(r["state"] in ("success", "failed") for r in job_runs)
+                        and all(listed.get(o["run_id"]) in ("success", "failed") for o in scheduled)):
                     break
                 time.sleep(3)
-            listed = {r["dag_run_id"]: r["state"] for r in api(port, f"{runs}?limit=100", senv)["dag_runs"]}
     finally:
         feed.stop()
     assert feed.error is None, feed.error
