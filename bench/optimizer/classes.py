@@ -489,8 +489,11 @@ def main(argv=None) -> int:
            "git_commit": git_commit(HERE), "numpy": np.__version__,
            "parameters": {k: v for k, v in vars(args).items()}, "calibrated_model": calibrated.to_json(),
            "load_average": {}}
+    old_doc = json.loads(out_path.read_text()) if out_path.exists() else {}
+    doc["evaluation_sources"] = [x for x in old_doc.get("evaluation_sources", [])
+                                 if x["file"] not in {y["file"] for y in sources}] + sources
     if out_path.exists():  # keep the parts not re-run
-        old = json.loads(out_path.read_text())
+        old = old_doc
         for part in ("model", "timing", "evaluation", "ajosc"):
             if part not in args.parts and part in old:
                 doc[part] = old[part]
@@ -513,9 +516,20 @@ def main(argv=None) -> int:
                         json.loads(out_path.read_text()).get("load_average", {}).get("timing")
         elif part == "evaluation" and (evaluation.get("drift") or evaluation["paper"]):
             doc["evaluation"] = evaluation_part(evaluation)
-            doc["evaluation_sources"] = sources
         elif part == "ajosc" and args.work and args.evaluation:
             doc["ajosc"] = ajosc_part(Path(args.work), evaluation, calibrated)
+        if part != "timing" and part in doc:
+            # workloads of another evaluation run keep their rows (and say which run they come from)
+            first_run = (old_doc.get("evaluation_sources") or [{}])[0].get("file")
+            kept = {w: {**v, "evaluation_run": v.get("evaluation_run") or first_run}
+                    for w, v in old_doc.get(part, {}).items() if w not in doc[part]}
+            for w in doc[part]:
+                doc[part][w]["evaluation_run"] = sources[0]["file"] if sources else None
+            doc[part] = {**kept, **doc[part]}
+            doc.setdefault("kept_workloads", {})[part] = sorted(kept)
+            if kept:
+                doc["load_average"][f"{part}_kept"] = (old_doc.get("load_average", {}).get(f"{part}_kept")
+                                                       or old_doc.get("load_average", {}).get(part))
         doc["load_average"][part] = {"before": before, "after": list(os.getloadavg())}
     doc["wall_seconds"] = (datetime.now(timezone.utc) - started).total_seconds()
     out_path.parent.mkdir(parents=True, exist_ok=True)
