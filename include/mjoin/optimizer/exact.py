@@ -321,13 +321,11 @@ class _Tables:
             return np.inf
         return float((self.store_a[i:i + k] + mult * self.store_b[i:i + k]).min())
 
-    def _step(self, S: int, r: int, c: int, row: int, cprev: int, R: float, W: float, P: float):
-        """``(total, terms)`` of the step ``S -> r`` through ``c`` followed by its best completion (None: no edge)."""
-        g = float(self.GA[S, row])
+    def _step(self, S: int, r: int, c: int, g: float, u: float, phi: float, cprev: int, R: float, W: float, P: float):
+        """``(total, terms)`` of the step ``S -> r`` through ``c`` (terms ``g, u, phi``) followed by its best
+        completion (None: no edge)."""
         if g == -np.inf:
             return None
-        u = float(self.UA[S, row])
-        phi = float(self.PA[S, row]) if self.multi else 1.0
         m_in, weight = (R, W) if cprev == c else (1.0, W * R)
         base = float(self.q[r]) + g * self.am * u
         nxt = S | 1 << r
@@ -353,11 +351,13 @@ class _Tables:
         joined, pairs = [s], []
         while S != full:
             pick, fallback = None, None
+            ga, ua = self.GA[S].tolist(), self.UA[S].tolist()
+            pa = self.PA[S].tolist() if self.multi else [1.0] * len(ga)
             for r in range(self.n):
                 if S >> r & 1 or not problem.adj_mask[r] & S:
                     continue
                 for c, row in self.stream_rows[r]:
-                    got = self._step(S, r, c, row, cprev, R, W, P)
+                    got = self._step(S, r, c, ga[row], ua[row], pa[row], cprev, R, W, P)
                     if got is None:
                         continue
                     if got[0] <= limit:
