@@ -497,7 +497,11 @@ def main(argv=None) -> int:
         for part in ("model", "timing", "evaluation", "ajosc"):
             if part not in args.parts and part in old:
                 doc[part] = old[part]
-                doc["load_average"][part] = old.get("load_average", {}).get(part)
+                for key, load in old.get("load_average", {}).items():  # the part's own and its kept workloads'
+                    if key == part or key.startswith(part + "_"):
+                        doc["load_average"][key] = load
+                if part in old.get("kept_workloads", {}):
+                    doc.setdefault("kept_workloads", {})[part] = old["kept_workloads"][part]
     for part in args.parts:
         before = list(os.getloadavg())
         if part == "model" and args.work and args.evaluation:
