@@ -425,8 +425,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("streams n (several-class random graphs)")
         ax.set_ylabel("seconds")
-        ax.set_title(f"optimizer time (stars: goals); load {load.get('before', ['?'])[0]} -> "
-                     f"{load.get('after', ['?'])[0]} on 2 cores", fontsize=9)
+        ax.set_title(f"optimizer time (stars: goals); load {load.get('before', [0])[0]:.1f} -> "
+                     f"{load.get('after', [0])[0]:.1f} on 2 cores", fontsize=9)
         ax.legend(fontsize=6)
     ax = axes[0, 1]
     m = doc.get("model", {})
@@ -442,13 +442,13 @@ def plot(doc: dict, path: Path) -> None:
     e = doc.get("evaluation", {})
     if e:
         presets = [p for p in e if "ref" not in p and "fixed" in e[p]["task_cpu"] and "ajosc" in e[p]["task_cpu"]] or list(e)
-        strategies = ("fixed", "selectivity_first", "greedy", "dppick", "ajosc", "oracle")
+        strategies = ("fixed", "selectivity_first", "greedy", "dppick", "dppick_nosmooth", "ajosc", "oracle")
         for ax, key, ref, title in ((axes[1, 0], "probe_work", "oracle", "probe work / the oracle's"),
                                     (axes[1, 1], "task_cpu", "fixed", "task CPU / fixed's")):
             x = np.arange(len(presets))
             for i, s in enumerate(strategies):
                 ys = [e[p][key].get(s, np.nan) / e[p][key].get(ref, np.nan) for p in presets]
-                ax.bar(x + (i - 2.5) * 0.13, ys, 0.13, label=s)
+                ax.bar(x + (i - 3) * 0.12, ys, 0.12, label=s)
             ax.axhline(1.0, color="k", lw=0.6)
             ax.set_xticks(x, presets, rotation=60, fontsize=7)
             ax.set_title(title + " (per workload, gated)", fontsize=9)
