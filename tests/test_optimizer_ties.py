@@ -19,7 +19,7 @@ import random
 import numpy as np
 import pytest
 
-from mjoin.optimizer.cost import GAMMA_FLOOR, CostModel, JoinProblem, order_cost
+from mjoin.optimizer.cost import GAMMA_FLOOR, CostModel, JoinProblem, order_cost, search_with_gamma_floor
 from mjoin.optimizer.strategies import optimize
 from mjoin.optimizer.dppick import dp_pick
 from mjoin.optimizer.exact import exact_dp
@@ -191,3 +191,22 @@ def test_random_problems_same_optimum_and_agreement(n, shape, classes, seed):
             assert got[1] <= best * (1 + 1e-12), (s, got, best)
         assert dp[s][1] == pytest.approx(ex[s][1], rel=1e-9)
         assert [r for _, r in dp[s][0]] == [r for _, r in ex[s][0]], s
+
+
+@pytest.mark.parametrize("n,classes,seed", [(n, k, seed) for n in (7, 9, 11) for k in (1, 3) for seed in range(3)])
+def test_exact_shares_the_floored_search_without_changing_it(n, classes, seed):
+    """exact runs the floored search beside the unfloored one in one DP, computing only the subsets whose tails
+    the floor reaches: its orders are those of the two searches run apart (``search_with_gamma_floor`` calling the
+    unfloored DP twice), on random graphs with a fifth of the gammas 0 and a few below the floor."""
+    rng = random.Random(7000 + 100 * n + 10 * classes + seed)
+    q = query_from_edges(n, random_edges(n, "random", rng, classes=classes, p=0.4), name=f"share{n}")
+    stats = random_statistics(q, rng)
+    for l, r in rng.sample(list(q.directed_edges), max(1, len(q.directed_edges) // 5)):
+        stats.groups[0].edges[(l, r)] = EdgeStats(gamma=rng.choice([0.0, 0.0, 3e-7]), mu=rng.uniform(1, 5))
+    problem = JoinProblem.from_statistics(q, stats)
+    model = CostModel()
+    apart = search_with_gamma_floor(problem, model, lambda p: exact_dp(p, model, gamma_floor=0.0))
+    shared = exact_dp(problem, model)
+    for s in range(n):
+        assert shared[s][0] == apart[s][0], s
+        assert shared[s][1] == pytest.approx(apart[s][1], rel=1e-12)

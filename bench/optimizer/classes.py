@@ -425,8 +425,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("streams n (several-class random graphs)")
         ax.set_ylabel("seconds")
-        ax.set_title(f"optimizer time (stars: goals); load {load.get('before', ['?'])[0]} -> "
-                     f"{load.get('after', ['?'])[0]} on 2 cores", fontsize=9)
+        ax.set_title(f"optimizer time (stars: goals); load {load.get('before', [0])[0]:.1f} -> "
+                     f"{load.get('after', [0])[0]:.1f} on 2 cores", fontsize=9)
         ax.legend(fontsize=6)
     ax = axes[0, 1]
     m = doc.get("model", {})
@@ -442,13 +442,13 @@ def plot(doc: dict, path: Path) -> None:
     e = doc.get("evaluation", {})
     if e:
         presets = [p for p in e if "ref" not in p and "fixed" in e[p]["task_cpu"] and "ajosc" in e[p]["task_cpu"]] or list(e)
-        strategies = ("fixed", "selectivity_first", "greedy", "dppick", "ajosc", "oracle")
+        strategies = ("fixed", "selectivity_first", "greedy", "dppick", "dppick_nosmooth", "ajosc", "oracle")
         for ax, key, ref, title in ((axes[1, 0], "probe_work", "oracle", "probe work / the oracle's"),
                                     (axes[1, 1], "task_cpu", "fixed", "task CPU / fixed's")):
             x = np.arange(len(presets))
             for i, s in enumerate(strategies):
                 ys = [e[p][key].get(s, np.nan) / e[p][key].get(ref, np.nan) for p in presets]
-                ax.bar(x + (i - 2.5) * 0.13, ys, 0.13, label=s)
+                ax.bar(x + (i - 3) * 0.12, ys, 0.12, label=s)
             ax.axhline(1.0, color="k", lw=0.6)
             ax.set_xticks(x, presets, rotation=60, fontsize=7)
             ax.set_title(title + " (per workload, gated)", fontsize=9)
@@ -489,12 +489,19 @@ def main(argv=None) -> int:
            "git_commit": git_commit(HERE), "numpy": np.__version__,
            "parameters": {k: v for k, v in vars(args).items()}, "calibrated_model": calibrated.to_json(),
            "load_average": {}}
+    old_doc = json.loads(out_path.read_text()) if out_path.exists() else {}
+    doc["evaluation_sources"] = [x for x in old_doc.get("evaluation_sources", [])
+                                 if x["file"] not in {y["file"] for y in sources}] + sources
     if out_path.exists():  # keep the parts not re-run
-        old = json.loads(out_path.read_text())
+        old = old_doc
         for part in ("model", "timing", "evaluation", "ajosc"):
             if part not in args.parts and part in old:
                 doc[part] = old[part]
-                doc["load_average"][part] = old.get("load_average", {}).get(part)
+                for key, load in old.get("load_average", {}).items():  # the part's own and its kept workloads'
+                    if key == part or key.startswith(part + "_"):
+                        doc["load_average"][key] = load
+                if part in old.get("kept_workloads", {}):
+                    doc.setdefault("kept_workloads", {})[part] = old["kept_workloads"][part]
     for part in args.parts:
         before = list(os.getloadavg())
         if part == "model" and args.work and args.evaluation:
@@ -513,9 +520,20 @@ def main(argv=None) -> int:
                         json.loads(out_path.read_text()).get("load_average", {}).get("timing")
         elif part == "evaluation" and (evaluation.get("drift") or evaluation["paper"]):
             doc["evaluation"] = evaluation_part(evaluation)
-            doc["evaluation_sources"] = sources
         elif part == "ajosc" and args.work and args.evaluation:
             doc["ajosc"] = ajosc_part(Path(args.work), evaluation, calibrated)
+        if part != "timing" and part in doc:
+            # workloads of another evaluation run keep their rows (and say which run they come from)
+            first_run = (old_doc.get("evaluation_sources") or [{}])[0].get("file")
+            kept = {w: {**v, "evaluation_run": v.get("evaluation_run") or first_run}
+                    for w, v in old_doc.get(part, {}).items() if w not in doc[part]}
+            for w in doc[part]:
+                doc[part][w]["evaluation_run"] = sources[0]["file"] if sources else None
+            doc[part] = {**kept, **doc[part]}
+            doc.setdefault("kept_workloads", {})[part] = sorted(kept)
+            if kept:
+                doc["load_average"][f"{part}_kept"] = (old_doc.get("load_average", {}).get(f"{part}_kept")
+                                                       or old_doc.get("load_average", {}).get(part))
         doc["load_average"][part] = {"before": before, "after": list(os.getloadavg())}
     doc["wall_seconds"] = (datetime.now(timezone.utc) - started).total_seconds()
     out_path.parent.mkdir(parents=True, exist_ok=True)

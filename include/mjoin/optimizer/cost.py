@@ -397,18 +397,23 @@ def tie_key(problem: JoinProblem, pairs: Sequence[Sequence[int]]) -> tuple:
     return tuple(x for l, r in pairs for x in (int(r), int(problem.cls[l, r])))
 
 
-def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floor: float = GAMMA_FLOOR) -> dict:
+def search_with_gamma_floor(problem: JoinProblem, model: CostModel, search, floor: float = GAMMA_FLOOR,
+                            search_both=None) -> dict:
     """``{start: (pairs, C)}``: the orders of ``search(problem) -> {start: (pairs, cost)}`` with ties of Eq. 8 broken
     by the cost with ``gamma`` floored at ``floor`` (module docstring, "Ties after an empty step"): the floored
     search's order where its unfloored cost ``C`` is the unfloored optimum (1e-12 relative), else the unfloored
     search's. One search when no gamma is below ``floor`` (or ``floor`` is 0); ``C``: the unfloored search's own
-    cost, or :func:`order_cost`'s for the floored search's order."""
+    cost, or :func:`order_cost`'s for a floored search's order that differs. ``search_both(problem, floored) -> (plain,
+    floored)``, where given, runs the two searches as one (exact's DP shares the states the floor does not reach)."""
     floored = problem.with_gamma_floor(floor)
     if floored is problem:
         return search(problem)
-    plain = search(problem)
+    plain, found = search_both(problem, floored) if search_both else (search(problem), search(floored))
     out = {}
-    for s, (pairs, _) in search(floored).items():
+    for s, (pairs, _) in found.items():
+        if pairs == plain[s][0]:  # no tie to break (most starts)
+            out[s] = plain[s]
+            continue
         cost, base = order_cost(problem, model, s, pairs), plain[s][1]
         out[s] = (pairs, cost) if cost <= base + 1e-12 * abs(base) else plain[s]
     return out

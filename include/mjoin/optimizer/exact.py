@@ -31,12 +31,17 @@ least with ``gamma`` floored at ``mjoin.optimizer.cost.GAMMA_FLOOR`` (``gamma_fl
 (``mjoin.optimizer.cost.search_with_gamma_floor``); what still ties (within ``mjoin.optimizer.cost.TIE_RTOL``)
 goes to the lexicographically first order by ``(r_1, c_1, ...)`` (``mjoin.optimizer.cost.tie_key``): the order
 is rebuilt step by step from the tables, taking at each step the smallest ``(r, c)`` whose best completion
-costs the optimum. The returned cost is the unfloored cost of the chosen order.
+costs the optimum. The returned cost is the unfloored cost of the chosen order. The floored search runs in the
+same DP as the unfloored one, as a second copy of the subsets: it computes only the subsets from which some step
+(of theirs or of a superset's) has other terms once floored, and shares the plain copy's lines everywhere else,
+both copies pruned over one range of ``m`` that covers either (on the optimizer benchmark's graphs it computes
+0-75% of the subsets; the two searches' orders are the same as run apart).
 
-Tables, per class ``c`` and member ``r``: ``G_c[r, S]``, ``U_c[r, S]`` = the representative (highest gamma,
-then lowest mu) class-``c`` edge from ``S`` into ``r`` (gamma -inf: none), built by adding one stream (the
-highest bit) at a time, and ``phi`` likewise per class and member. Memory about ``(3 sum_c |c| + 8 K) 2^n``
-floats plus the lines (n = 16, two classes of 16: 35 MB).
+Tables, one row per subset (a layer gathers whole rows) and one column per (class, member) pair:
+``GA[S, i], UA[S, i]`` = the representative (highest gamma, then lowest mu) edge from ``S`` of column ``i``'s class
+into its member (gamma -inf: none), built by adding one stream (the highest bit) at a time, and ``PA[S, i]``
+(``phi``) likewise. Memory about ``(3 sum_c |c| + 8 K) 2^n`` floats per copy plus the lines (n = 16, two classes
+of 16: 35 MB per copy).
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ import numpy as np
 
 from mjoin.optimizer.cost import GAMMA_FLOOR, TIE_RTOL, CostModel, JoinProblem, search_with_gamma_floor
 
-#: above this many streams the tables get large (n = 20, several classes: about 1 GB)
+#: above this many streams the tables get large (n = 20, several classes: about 1 GB per copy)
 MAX_STREAMS = 20
 #: subsets of a layer handled at once (their candidate lines' arrays stay within a few tens of MB)
 CHUNK = 8192
@@ -54,23 +59,20 @@ class ExactTooLarge(ValueError):
     """The subset DP would need too much memory."""
 
 
-def class_tables(problem: JoinProblem, c: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``G[i, S], U[i, S]``: gamma and mu of the representative class-``c`` edge from ``S`` into ``rows[i]``
-    (Eq. 21: the highest gamma, ties: the lowest mu; gamma -inf where ``S`` has no class-``c`` edge into it)."""
-    n = problem.n
-    N = 1 << n
-    G = np.full((rows.size, N), -np.inf)
-    U = np.full((rows.size, N), np.inf)
-    for b in range(n):  # subsets whose highest member is b: [2^b, 2^(b+1)) = {b} + a subset below
+def class_tables(problem: JoinProblem, row_class: np.ndarray, row_stream: np.ndarray, G: np.ndarray,
+                 U: np.ndarray) -> None:
+    """Fill ``G[S, i], U[S, i]``: gamma and mu of the representative class-``row_class[i]`` edge from ``S`` into
+    ``row_stream[i]`` (Eq. 21: the highest gamma, ties: the lowest mu; gamma -inf where ``S`` has no such edge)."""
+    G[0], U[0] = -np.inf, np.inf
+    for b in range(problem.n):  # subsets whose highest member is b: [2^b, 2^(b+1)) = {b} + a subset below
         lo, hi = 1 << b, 1 << (b + 1)
-        in_class = problem.cls[b, rows] == c
-        vg = np.where(in_class, problem.gamma[b, rows], -np.inf)[:, None]
-        vu = np.where(in_class, problem.mu[b, rows], np.inf)[:, None]
-        pg, pu = G[:, :lo], U[:, :lo]
-        better = (vg > pg) | ((vg == pg) & (vu < pu))
-        G[:, lo:hi] = np.where(better, vg, pg)
-        U[:, lo:hi] = np.where(better, vu, pu)
-    return G, U
+        in_class = problem.cls[b, row_stream] == row_class
+        vg = np.where(in_class, problem.gamma[b, row_stream], -np.inf)[None, :]
+        vu = np.where(in_class, problem.mu[b, row_stream], np.inf)[None, :]
+        pg, pu = G[:lo], U[:lo]
+        np.copyto(U[lo:hi], pu)
+        np.copyto(U[lo:hi], vu, where=(vg > pg) | ((vg == pg) & (vu < pu)))
+        np.maximum(pg, vg, out=G[lo:hi])
 
 
 def exact_dp(problem: JoinProblem, model: CostModel, *, max_streams: int = MAX_STREAMS,
@@ -81,154 +83,179 @@ def exact_dp(problem: JoinProblem, model: CostModel, *, max_streams: int = MAX_S
     if n > max_streams:
         raise ExactTooLarge(f"exact DP over subsets needs tables of 2^{n} entries per stream and class "
                             f"(limit n = {max_streams})")
-    return search_with_gamma_floor(problem, model, lambda p: _search(p, model), gamma_floor)
+    return search_with_gamma_floor(problem, model, lambda p: _search([p], model)[0], gamma_floor,
+                                   search_both=lambda p, f: tuple(_search([p, f], model)))
 
 
 class _Tables:
-    """The DP's tables for one problem: terms per class and the lines of every (class, subset)."""
+    """The DP's tables for one problem, or for a problem and its floored copy side by side (copy ``k``'s subset
+    ``S`` at index ``S + k 2^n``): terms per subset and (class, member) row, and the lines of every (subset, class).
+    A subset's row of every table is contiguous: a layer gathers whole rows."""
 
-    def __init__(self, problem: JoinProblem, model: CostModel):
+    def __init__(self, problems: list, model: CostModel):
+        problem = problems[0]
         n, K = problem.n, problem.K
         self.problem, self.n, self.K = problem, n, K
+        self.copies, self.N = len(problems), 1 << n
+        NN = self.copies * self.N
         self.q = np.asarray(model.query_cost(problem.kappa), dtype=float).reshape(n)
         self.am = model.alpha_m
         self.rows = [np.array([r for r in range(n) if (problem.cls[:, r] == c).any()], dtype=np.int64)
                      for c in range(K)]
-        self.row_of = [{int(r): i for i, r in enumerate(self.rows[c])} for c in range(K)]
-        # every (class, member) as one row, grouped by class: one pass per layer covers all classes
+        # every (class, member) as one row, grouped by class
         self.row_offset = np.cumsum([0] + [r.size for r in self.rows])
-        total = int(self.row_offset[-1])
-        self.GA, self.UA = np.empty((total, 1 << n)), np.empty((total, 1 << n))
-        self.terms = []
-        for c in range(K):
-            lo, hi = self.row_offset[c], self.row_offset[c + 1]
-            self.GA[lo:hi], self.UA[lo:hi] = class_tables(problem, c, self.rows[c])
-            self.terms.append((self.GA[lo:hi], self.UA[lo:hi]))  # views
-        # classes of r other than c, for the residual filters phi
-        self.others = [[[cc for cc in range(K) if cc != c and int(r) in self.row_of[cc]] for r in self.rows[c]]
-                       for c in range(K)]
-        self.multi = sum(1 for r in self.rows if r.size) > 1  # one class: every B is 0
-        # PA[row, S]: the residual factor of looking the row's member up through its class from S (Eq. 22)
-        self.PA = np.vstack([self.phi(c, slice(None)) for c in range(K)]) if self.multi else None
-        self.phis = [self.PA[self.row_offset[c]:self.row_offset[c + 1]] for c in range(K)] if self.multi else None
+        self.R = R = int(self.row_offset[-1])
         self.row_class = np.concatenate([np.full(r.size, c, dtype=np.int64) for c, r in enumerate(self.rows)])
         self.row_stream = np.concatenate(self.rows)
-        self.full = (1 << n) - 1
+        self.GA, self.UA = np.empty((NN, R)), np.empty((NN, R))
+        for k, pr in enumerate(problems):
+            at = slice(k * self.N, (k + 1) * self.N)
+            class_tables(pr, self.row_class, self.row_stream, self.GA[at], self.UA[at])
+        self.multi = sum(1 for r in self.rows if r.size) > 1  # one class: every B is 0
+        # PA[S, row]: the residual factor of looking the row's member up through its class from S (Eq. 22): the
+        # product of the other classes' representative gammas (no edge of a class: no filter)
+        self.PA = None
+        if self.multi:
+            self.PA = np.ones((NN, R))
+            row_of = {(int(c), int(r)): i for i, (c, r) in enumerate(zip(self.row_class, self.row_stream))}
+            for i, (c, r) in enumerate(zip(self.row_class, self.row_stream)):
+                for cc in range(K):
+                    if cc != c and (cc, int(r)) in row_of:
+                        gr = self.GA[:, row_of[cc, int(r)]]
+                        self.PA[:, i] *= np.where(np.isfinite(gr), gr, 1.0)
+        self.full = self.N - 1
         # stream_rows[r]: (class, row) of every class r can be looked up through, by class
         self.stream_rows = [[(int(c), int(i)) for i, (c, rr) in enumerate(zip(self.row_class, self.row_stream))
                              if rr == r] for r in range(n)]
+        if self.copies > 1:
+            self.shared_from()
 
-    def phi(self, c: int, S) -> np.ndarray:
-        """``phi`` of class ``c``'s members (rows) from the subsets ``S``: the product of the other classes'
-        representative gammas (Eq. 22; no edge of a class: no filter)."""
-        out = np.ones((self.rows[c].size, 1 << self.n) if isinstance(S, slice) else (self.rows[c].size,) + np.shape(S))
-        for i, occ in enumerate(self.others[c]):
-            for cc in occ:
-                gr = self.terms[cc][0][self.row_of[cc][int(self.rows[c][i])], S]
-                out[i] *= np.where(np.isfinite(gr), gr, 1.0)
-        return out
+    def shared_from(self) -> None:
+        """``own[S]``: the floored copy's lines of ``S`` may differ from the plain copy's, because a step from ``S``
+        or from a superset of it has other terms there (a floored ``gamma``, the ``mu`` or ``phi`` that comes
+        with it). Every other subset's lines are the plain copy's (the same steps over the same tails, pruned
+        over the same range of ``m``), so the floored copy computes only these and shares the rest."""
+        N = self.N
+        differs = (self.GA[:N] != self.GA[N:]) | (self.UA[:N] != self.UA[N:])
+        if self.multi:
+            differs |= self.PA[:N] != self.PA[N:]
+        differs &= (np.arange(N, dtype=np.int64)[:, None] >> self.row_stream[None, :] & 1) == 0  # steps out of S
+        own = differs.any(axis=1)
+        for b in range(self.n):  # own[S] |= own[S + b]: every superset (superset-OR over the bits)
+            v = own.reshape(-1, 2, 1 << b)
+            v[:, 0, :] |= v[:, 1, :]
+        self.own = own
 
     def ranges(self) -> None:
-        """``lo[c, S], hi[c, S]``: the range of ``m`` (Eq. 67) at which ``L(c, S)`` is ever evaluated: the products
-        of ``u phi`` over the class-``c`` runs whose last step enters ``S``, and 1 (a tail entered fresh)."""
-        n, K = self.n, self.K
-        N = 1 << n
-        lo = self.lo = np.ones((K, N))
-        hi = self.hi = np.ones((K, N))
+        """``lo[S, c], hi[S, c]``: the range of ``m`` (Eq. 67) at which ``L(c, S)`` is ever evaluated: the products
+        of ``u phi`` over the class-``c`` runs whose last step enters ``S``, and 1 (a tail entered fresh). One
+        range for both copies (what either can reach): a shared subset's lines serve both."""
+        n, K, N = self.n, self.K, self.N
+        self.lo = self.hi = np.ones((self.copies * N, K))
         if not self.multi:
             return  # one class: every B is 0, the lines do not depend on m
+        lo, hi = np.ones((N, K)), np.ones((N, K))
+        used = [c for c in range(K) if self.rows[c].size]
+        first = self.row_offset[used]
         pop = np.bitwise_count(np.arange(N, dtype=np.int64))
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
+        bit = np.int64(1) << self.row_stream[None, :]
+        rc = self.row_class[None, :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            ulo = uhi = self.UA[:N] * self.PA[:N]  # u phi of every step, the lowest and highest over the copies
+            if self.copies > 1:
+                uf = self.UA[N:] * self.PA[N:]
+                ulo, uhi = np.minimum(ulo, uf), np.maximum(uhi, uf)
         for p, i in ((p, i) for p in range(2, n) for i in range(bounds[p], bounds[p + 1], CHUNK)):
-            S2 = by_layer[i:min(i + CHUNK, bounds[p + 1])]  # subsets entered, p members (a chunk of them)
-            for c in range(K):
-                R = self.rows[c]
-                if R.size == 0:
-                    continue
-                bit = np.int64(1) << R[:, None]
-                S = S2[None, :] & ~bit  # (|c|, m): the subset before the step into r
-                has = (S2[None, :] & bit) != 0
-                idx = np.arange(R.size)[:, None]
-                ok = has & np.isfinite(self.terms[c][0][idx, S])
-                with np.errstate(invalid="ignore", over="ignore"):
-                    uphi = self.terms[c][1][idx, S] * self.phis[c][idx, S]
-                    lo[c, S2] = np.minimum(np.where(ok, uphi * lo[c, S], np.inf).min(axis=0), 1.0)
-                    hi[c, S2] = np.maximum(np.where(ok, uphi * hi[c, S], -np.inf).max(axis=0), 1.0)
+            S2 = by_layer[i:min(i + CHUNK, bounds[p + 1])][:, None]  # subsets entered, p members (a chunk)
+            S = S2 & ~bit  # (m, rows): the subset before the step into the row's member
+            col = np.arange(self.R)[None, :]
+            ok = ((S2 & bit) != 0) & np.isfinite(self.GA[S, col])
+            with np.errstate(invalid="ignore", over="ignore"):
+                low = np.minimum.reduceat(np.where(ok, ulo[S, col] * lo[S, rc], np.inf), first, axis=1)
+                high = np.maximum.reduceat(np.where(ok, uhi[S, col] * hi[S, rc], -np.inf), first, axis=1)
+            lo[S2, used] = np.minimum(low, 1.0)
+            hi[S2, used] = np.maximum(high, 1.0)
+        self.lo, self.hi = np.tile(lo, (self.copies, 1)), np.tile(hi, (self.copies, 1))
 
     def run(self) -> None:
-        """Fill the lines of every (class, subset) and ``F`` (Eq. 30-32, 67), one popcount layer at a time."""
-        n, K = self.n, self.K
-        N = 1 << n
-        self.starts = np.zeros((K, N), dtype=np.int64)  # where (c, S)'s lines begin in the store
-        self.counts = np.zeros((K, N), dtype=np.int64)
+        """Fill the lines of every (subset, class) and ``F`` (Eq. 30-32, 67), one popcount layer at a time."""
+        n, K, N = self.n, self.K, self.N
+        NN = self.copies * N
+        self.starts = np.zeros((NN, K), dtype=np.int64)  # where (S, c)'s lines begin in the store
+        self.counts = np.zeros((NN, K), dtype=np.int64)
         self.store_a, self.store_b, self.used = np.empty(4 * N), np.empty(4 * N), 0
-        F = self.F = np.full((K, N), np.inf)
+        F = self.F = np.full((NN, K), np.inf)
         # per subset: the lowest F over classes, its class, and the second lowest (F_other)
-        best1 = self.best1 = np.full(N, np.inf)
-        best2 = self.best2 = np.full(N, np.inf)
-        arg1 = self.arg1 = np.full(N, -1, dtype=np.int64)
+        best1 = self.best1 = np.full(NN, np.inf)
+        best2 = self.best2 = np.full(NN, np.inf)
+        arg1 = self.arg1 = np.full(NN, -1, dtype=np.int64)
         pop = np.bitwise_count(np.arange(N, dtype=np.int64))
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
         with np.errstate(invalid="ignore", over="ignore"):
             for p in range(n - 1, 0, -1):
-                S = by_layer[bounds[p]:bounds[p + 1]]  # (m,) subsets with p members
+                S = plain = by_layer[bounds[p]:bounds[p + 1]]  # (m,) subsets with p members
+                if self.copies > 1:  # the floored copy's own subsets; the others share the plain copy's lines
+                    S = np.concatenate([plain, plain[self.own[plain]] + N])
                 for i in range(0, S.size, CHUNK):  # the subsets of a layer are independent: bounded memory
                     self._layer(S[i:i + CHUNK], p == n - 1)
-                FS = F[:, S]
+                FS = F[S]
                 cols = np.arange(S.size)
-                a1 = np.argmin(FS, axis=0)
+                a1 = np.argmin(FS, axis=1)
                 arg1[S] = a1
-                best1[S] = FS[a1, cols]
-                FS[a1, cols] = np.inf
-                best2[S] = FS.min(axis=0)
+                best1[S] = FS[cols, a1]
+                FS[cols, a1] = np.inf
+                best2[S] = FS.min(axis=1)
+                if self.copies > 1:
+                    shared = plain[~self.own[plain]]
+                    for table in (self.starts, self.counts, F, best1, best2, arg1):
+                        table[shared + N] = table[shared]
 
     def _layer(self, S: np.ndarray, last: bool) -> None:
-        """The lines of ``(c, S)`` for every class ``c`` and the subsets ``S`` of one layer: every step into a
-        class-``c`` member followed by a line of the member's subset (Eq. 30), then the
-        lines that no other beats at both ends of the range of ``m`` (Eq. 67). A segment is one ``(c, S)``:
-        ``seg = c m + s`` for the ``s``-th subset; every segment's candidates are contiguous."""
+        """The lines of ``(S, c)`` for the subsets ``S`` of one layer and every class ``c``: every step into a
+        class-``c`` member followed by a line of the member's subset (Eq. 30), then the lines that no other beats
+        at both ends of the range of ``m`` (Eq. 67). A segment is one ``(S, c)``: ``seg = s K + c`` for the
+        ``s``-th subset; the steps come in (subset, class, member) order, so every segment's candidates are
+        contiguous."""
         K, m = self.K, S.size
-        g2 = self.GA[:, S]  # (rows, m)
-        bit = np.int64(1) << self.row_stream[:, None]
-        valid2 = ((S[None, :] & bit) == 0) & np.isfinite(g2)
-        # (class, subset, member) order: each class's block transposed
-        perm = np.concatenate([((self.row_offset[c] + np.arange(self.rows[c].size))[None, :] * m
-                                + np.arange(m)[:, None]).ravel() for c in range(K)])
-        vi = perm[valid2.ravel()[perm]]
+        g2 = self.GA[S]  # (m, rows)
+        valid = (((S[:, None] >> self.row_stream[None, :]) & 1) == 0) & np.isfinite(g2)
+        vi = np.flatnonzero(valid)
         if not vi.size:
             return
-        row, si = np.divmod(vi, m)
+        si, row = np.divmod(vi, self.R)
         cp = self.row_class[row]
-        seg = cp * m + si
+        seg = si * K + cp
         Sv = S[si]
         g = g2.ravel()[vi]
-        u = self.UA[row, Sv]
-        nxt = Sv | (np.int64(1) << self.row_stream[row])
-        base = self.q[self.row_stream[row]] + g * self.am * u
+        u = self.UA[Sv, row]
+        r = self.row_stream[row]
+        nxt = Sv | (np.int64(1) << r)
+        base = self.q[r] + g * self.am * u
         if last or not self.multi:  # one line per segment: (base, 0) or the classic subset DP (one class)
-            val = base if last else base + g * self.store_a[self.starts[cp, nxt]]
+            val = base if last else base + g * self.store_a[self.starts[nxt, cp]]
             best = np.full(K * m, np.inf)
             np.minimum.at(best, seg, val)
             has = np.flatnonzero(np.isfinite(best))
             self._keep(S, has, best[has], np.zeros(has.size))
             return
-        gup = g * u * self.PA[row, Sv]
-        ncont = self.counts[cp, nxt]
+        gup = g * u * self.PA[Sv, row]
+        ncont = self.counts[nxt, cp]
         other = np.where(self.arg1[nxt] == cp, self.best2[nxt], self.best1[nxt])
         tot = ncont + np.isfinite(other)
         total = int(tot.sum())
         pair = np.repeat(np.arange(vi.size), tot)
         j = np.arange(total) - np.repeat(np.cumsum(tot) - tot, tot)  # candidate's rank within its (S, r)
         cont = j < ncont[pair]
-        line = self.starts[cp, nxt][pair] + np.where(cont, j, 0)
+        line = self.starts[nxt, cp][pair] + np.where(cont, j, 0)
         basep = base[pair]
         ca = np.where(cont, basep + g[pair] * self.store_a[line], basep)
         cb = gup[pair] * np.where(cont, self.store_b[line], other[pair])
         sg_all = seg[pair]
-        va = ca + self.lo[:, S].ravel()[sg_all] * cb
-        vb = ca + self.hi[:, S].ravel()[sg_all] * cb
+        va = ca + self.lo[S].ravel()[sg_all] * cb
+        vb = ca + self.hi[S].ravel()[sg_all] * cb
         # drop what the lowest line at lo or the lowest at hi beats at both ends (most of it: one pass for all)
         first = np.flatnonzero(np.concatenate(([True], sg_all[1:] != sg_all[:-1])))
         cnt = np.diff(np.append(first, total))
@@ -237,6 +264,11 @@ class _Tables:
         hi_of_lo = np.repeat(np.minimum.reduceat(np.where(va == lo_min, vb, np.inf), first), cnt)
         lo_of_hi = np.repeat(np.minimum.reduceat(np.where(vb == hi_min, va, np.inf), first), cnt)
         idx = np.flatnonzero(((va < lo_of_hi) | (vb <= hi_min)) & ((vb < hi_of_lo) | (va <= lo_min)))
+        sg = sg_all[idx]
+        alone = np.ones(idx.size, dtype=bool)  # a segment with one line left keeps it
+        alone[1:] &= sg[1:] != sg[:-1]
+        alone[:-1] &= sg[:-1] != sg[1:]
+        single, idx = idx[alone], idx[~alone]
         out = []
         while idx.size:  # one line of each segment's front per pass, by increasing value at lo
             sg, a_, b_ = sg_all[idx], va[idx], vb[idx]
@@ -250,10 +282,10 @@ class _Tables:
             out.append(idx[pi])
             idx = idx[b_ < bmin]
         # line t of a segment is its pick in pass t: store them per segment in pass order
-        chosen = np.concatenate(out)
+        chosen = np.concatenate([single] + out)
         osg = sg_all[chosen]
         counts = np.bincount(osg, minlength=K * m)
-        rank = np.concatenate([np.full(o.size, t) for t, o in enumerate(out)])
+        rank = np.concatenate([np.zeros(single.size, dtype=np.int64)] + [np.full(o.size, t) for t, o in enumerate(out)])
         pos = (np.cumsum(counts) - counts)[osg] + rank
         a_out, b_out = np.empty(chosen.size), np.empty(chosen.size)
         s_out = np.empty(chosen.size, dtype=np.int64)
@@ -261,7 +293,7 @@ class _Tables:
         self._keep(S, s_out, a_out, b_out)
 
     def _keep(self, S: np.ndarray, seg: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        """Store the lines ``(a, b)`` of the segments ``seg`` (ascending; ``c m + s``) and their ``F`` (m = 1)."""
+        """Store the lines ``(a, b)`` of the segments ``seg`` (ascending; ``s K + c``) and their ``F`` (m = 1)."""
         K, m, total = self.K, S.size, seg.size
         if self.used + total > self.store_a.size:
             size = max(2 * self.store_a.size, self.used + total)
@@ -270,37 +302,35 @@ class _Tables:
         self.store_a[self.used:self.used + total] = a
         self.store_b[self.used:self.used + total] = b
         counts = np.bincount(seg, minlength=K * m)
-        self.counts[:, S] = counts.reshape(K, m)
-        self.starts[:, S] = (self.used + np.cumsum(counts) - counts).reshape(K, m)
+        self.counts[S] = counts.reshape(m, K)
+        self.starts[S] = (self.used + np.cumsum(counts) - counts).reshape(m, K)
         if total:
             first = np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1])))
             f = np.full(K * m, np.inf)
             f[seg[first]] = np.minimum.reduceat(a + b, first)
-            self.F[:, S] = f.reshape(K, m)
+            self.F[S] = f.reshape(m, K)
         self.used += total
 
     # ---- one order, rebuilt step by step (ties: the lexicographically first) -----------------------------
     def _tail(self, c: int, S: int, mult: float) -> float:
         """The cheapest tail from ``S`` whose first step uses class ``c`` and continues a run with ``mult``."""
-        i, k = int(self.starts[c, S]), int(self.counts[c, S])
+        i, k = int(self.starts[S, c]), int(self.counts[S, c])
         if k == 1:
             return float(self.store_a[i] + mult * self.store_b[i])
         if not k:
             return np.inf
         return float((self.store_a[i:i + k] + mult * self.store_b[i:i + k]).min())
 
-    def _step(self, S: int, r: int, c: int, row: int, cprev: int, R: float, W: float, P: float):
-        """``(total, terms)`` of the step ``S -> r`` through ``c`` followed by its best completion (None: no edge)."""
-        g = float(self.GA[row, S])
+    def _step(self, S: int, r: int, c: int, g: float, u: float, phi: float, cprev: int, R: float, W: float, P: float):
+        """``(total, terms)`` of the step ``S -> r`` through ``c`` (terms ``g, u, phi``) followed by its best
+        completion (None: no edge)."""
         if g == -np.inf:
             return None
-        u = float(self.UA[row, S])
-        phi = float(self.PA[row, S]) if self.multi else 1.0
         m_in, weight = (R, W) if cprev == c else (1.0, W * R)
         base = float(self.q[r]) + g * self.am * u
         nxt = S | 1 << r
         value = base
-        if nxt != self.full and g:
+        if nxt != self._full and g:
             mult = m_in * u * phi
             best = self._tail(c, nxt, mult)
             if self.multi:
@@ -310,21 +340,24 @@ class _Tables:
             value = base + g * best
         return P + weight * value, (g, u, phi, weight, m_in, base)
 
-    def order(self, s: int) -> tuple[list, float]:
-        """The order of stream ``s``: at each step the first ``(r, c)`` (lexicographically) whose best completion
-        costs the optimum (to :data:`mjoin.optimizer.cost.TIE_RTOL`)."""
-        problem, full = self.problem, self.full
-        S, cprev, R, W, P = 1 << s, -1, 1.0, 1.0, 0.0
-        opt = float(self.F[:, S].min())
+    def order(self, s: int, copy: int = 0) -> tuple[list, float]:
+        """The order of stream ``s`` in copy ``copy``: at each step the first ``(r, c)`` (lexicographically) whose
+        best completion costs the optimum (to :data:`mjoin.optimizer.cost.TIE_RTOL`)."""
+        problem, full = self.problem, self.full | copy * self.N
+        self._full = full
+        S, cprev, R, W, P = 1 << s | copy * self.N, -1, 1.0, 1.0, 0.0
+        opt = float(self.F[S].min())
         limit = opt + TIE_RTOL * abs(opt)
         joined, pairs = [s], []
         while S != full:
             pick, fallback = None, None
+            ga, ua = self.GA[S].tolist(), self.UA[S].tolist()
+            pa = self.PA[S].tolist() if self.multi else [1.0] * len(ga)
             for r in range(self.n):
                 if S >> r & 1 or not problem.adj_mask[r] & S:
                     continue
                 for c, row in self.stream_rows[r]:
-                    got = self._step(S, r, c, row, cprev, R, W, P)
+                    got = self._step(S, r, c, ga[row], ua[row], pa[row], cprev, R, W, P)
                     if got is None:
                         continue
                     if got[0] <= limit:
@@ -343,9 +376,13 @@ class _Tables:
         return pairs, P
 
 
-def _search(problem: JoinProblem, model: CostModel) -> dict:
-    """The DP proper on ``problem``: ``{start: (pairs, cost)}``."""
-    tables = _Tables(problem, model)
+def _search(problems: list, model: CostModel) -> list:
+    """The DP proper on ``problems`` (one, or a problem and its floored copy): ``[{start: (pairs, cost)}]``."""
+    tables = _Tables(problems, model)
     tables.ranges()
     tables.run()
-    return {s: tables.order(s) for s in range(problem.n)}
+    plain = {s: tables.order(s) for s in range(problems[0].n)}
+    if len(problems) == 1:
+        return [plain]
+    # a start whose subsets the floor does not reach has the plain copy's order in the floored copy too
+    return [plain, {s: tables.order(s, 1) if tables.own[1 << s] else plain[s] for s in plain}]
