@@ -147,9 +147,14 @@ def test_a_corrupt_context_is_moved_aside_and_recreated_never_a_crashed_gate(tmp
     assert res.status == "failed" and res.failed_expectations == ["stats.gamma_in_unit_interval"]
     assert "error" not in res.details["data_docs"], res.details["data_docs"]
     assert "stats.gamma_in_unit_interval" in page_text(res)
-    if damage == "config":
-        moved = re.search(rf"the GX context at {re.escape(str(root))} could not be read \(\w+: .+\): moved to (\S+), "
-                          "a new one is created", caplog.text)
+    moved = re.search(rf"the GX context at {re.escape(str(root))} could not be read \(\w+: .+\): moved to (\S+), "
+                      "a new one is created", caplog.text)
+    if damage == "checkpoint":  # only the checkpoint is written again: the context and its stored results stay
+        assert f"the checkpoint mjoin.stats.{seed_query.name} in {root} could not be read" in caplog.text
+        assert not moved and not list(root.parent.glob("gx.broken-*")), caplog.text
+        kept = gx.get_context(mode="file", context_root_dir=str(root)).validation_results_store.list_keys()
+        assert len(kept) == 2 * len(res.gx_result)  # the earlier run's results and this one's
+    else:  # a context GX cannot read: moved aside, recreated, both said in the log
         assert moved and Path(moved.group(1)).is_dir() and "GX context recreated" in caplog.text
     # whatever was damaged, the context is readable by GX again
     ctx = gx.get_context(mode="file", context_root_dir=str(root))

@@ -264,6 +264,10 @@ class GXProject:
             except Exception as exc:  # its file broken under us: written again from the definitions
                 log.warning("the checkpoint %s in %s could not be read (%s: %s): written again", cp_name, self.root,
                             type(exc).__name__, _first_line(exc))
+                # GX's add_or_update reads the stored file first (and fails on it again): the broken file goes
+                # first, so the context and its stored results stay
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.root, "checkpoints", f"{cp_name}.json"))
                 self.checkpoint(gate, query_name, [d[0] for d in definitions], True, index)
                 self._save_index(index)
                 cp = ctx.checkpoints.get(cp_name)
