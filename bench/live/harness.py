@@ -1,0 +1,600 @@
+"""The live harness: one system fed in real time at a chosen rate, measured the way it runs.
+
+    flock /tmp/mjoin-bench.lock .venv/bin/python bench/live/harness.py run --system mjoin-fixed --rate 20000 --duration 180
+    flock /tmp/mjoin-bench.lock .venv/bin/python bench/live/harness.py search --system spark-native --rate 1000 --duration 180
+    .venv/bin/python bench/live/harness.py summarize     # bench/live/results/live.json and live.png from the runs
+
+A run (:func:`run_once`), in a fresh lake under ``--work``:
+
+1. **The feed**: the workload (TPC-DS sf 0.1 for ``tpcds_seed``, generated once and cached under ``--work``) staged
+   by :mod:`mjoin.workloads.feeder` at ``--rate`` tuples/s for ``--duration`` seconds, in 10-s arrival folders,
+   event times on the wall clock; staged before anything is measured, then renamed into place on schedule by a
+   thread, its achieved-rate record in ``feed-record.jsonl``.
+2. **The system**, started before the first folder is due: ``mjoin-fixed`` (``python -m mjoin run --stream
+   --trigger processingTime --interval T``, the spec's order, nothing deployed), ``mjoin-loop`` (the same job with
+   ``--stats-cycle 10`` plus the real Airflow services, api-server, scheduler and dag-processor, from
+   ``bench/live/loop_cost.py``, with ``MJOIN_LAKE`` on this lake and ``MJOIN_PERIOD_MINUTES`` (default 1):
+   the scheduled ``mjoin_reoptimize`` runs re-optimize the running job in continuous mode), ``spark-native``
+   (the same command with ``--engine spark-native``: Spark's chained stream-stream joins).
+   ``flink_multijoin`` is not wired yet (its peer reads CSV copies in batch mode; see README).
+3. **Per second**: the lag (newest landed arrival minus the newest arrival in a committed batch's input), and the
+   CPU seconds of the join job's process tree and of the loop's processes (psutil, /proc).
+4. **Per committed batch with input**: the end-to-end latency, the batch's commit (the mtime of Spark's
+   ``commits/<id>`` in the job's checkpoint) minus the landing time of its newest input folder (from the feeder's
+   record; mjoin's metrics name the batch's arrivals, spark-native's file-source log names its files).
+5. **At the end**: the feed stops, the job may catch up for ``--catch-up`` seconds, is stopped, and (if it caught
+   up) its results' fingerprint is compared with the interval run's over the same landed files.
+
+Sustained: the lag's least-squares trend over the run's second half adds less than one arrival cycle over that
+half, the job caught up within two trigger intervals of the feed's end, and the p99 latency is under twice the
+trigger interval. ``search`` doubles the rate from ``--rate`` while sustained, then bisects ``--bisect`` times.
+
+Everything the harness starts runs in its own process group and is stopped by pid (the group), in ``finally``
+and on SIGINT/SIGTERM. Each run's figures go to ``--out/runs/<workload>-<system>-<rate>-<time>.json`` (with the
+load average, the machine, the versions, the commit).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parent.parent
+sys.path.insert(0, str(PROJECT / "include"))
+sys.path.insert(0, str(HERE))
+
+from loop_cost import RunCpu, services  # noqa: E402  (the Airflow services and their CPU, as loop_cost runs them)
+
+from mjoin.engine.metrics import git_commit, machine  # noqa: E402
+from mjoin.lake.layout import Lake  # noqa: E402
+from mjoin.model.timeutil import parse_time  # noqa: E402
+from mjoin.workloads.feeder import achieved, prepare_feed, read_record, run_feed  # noqa: E402
+
+SYSTEMS = ("mjoin-loop", "mjoin-fixed", "spark-native", "flink_multijoin")
+WORKLOADS = {"tpcds_seed": "tpcds_returns_by_address"}
+CYCLE = 10
+ARRIVAL = re.compile(r"arrival=(\d+)")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+# ---- processes ---------------------------------------------------------------------------------------------------
+
+def start(args: list, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """A child in its own process group (stopped with :func:`stop_group`)."""
+    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(PROJECT / "include"), **(env or {})})
+
+
+def _members(proc: subprocess.Popen) -> list:
+    """The child and every process under it (psutil handles, for waiting on them)."""
+    try:
+        root = psutil.Process(proc.pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _gone(procs: list, timeout: float) -> list:
+    """Wait until each process has exited (a zombie counts: it runs nothing); the ones still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def stop_services(ctx, procs: list) -> None:
+    """Leave loop_cost's services() context (SIGTERM, SIGKILL after 30 s per group), then kill whatever the Airflow
+    services started that is still running (a task process or a spark-submit that left their groups)."""
+    members = [m for p in procs for m in _members(p)]
+    with contextlib.suppress(Exception):
+        ctx.__exit__(None, None, None)
+    for p in _gone(members, 5):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    _gone(members, 30)
+
+
+def stop_group(proc: subprocess.Popen | None, grace: float = 20.0) -> None:
+    """SIGTERM to the child's process group, SIGKILL after ``grace`` seconds to the group and to every process that
+    was under the child (one that left the group too); returns once all of them have exited."""
+    if proc is None:
+        return
+    members = _members(proc)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
+    members += [p for p in _members(proc) if p not in members]
+    left = _gone(members, 0 if proc.poll() is None else 5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    _gone(members, 30)
+
+
+class TreeCpu:
+    """CPU seconds (user + system) of every process under some roots, sampled: each process's own CPU as last seen
+    (a process that lives under a sample interval is missed; the job's JVM and Python workers live the run)."""
+
+    def __init__(self, roots):
+        self.roots = list(roots)
+        self.seen: dict = {}  # (pid, create time) -> (own CPU, cmdline head)
+        self.procs: dict = {}  # (pid, create time) -> psutil.Process
+        self.calls = 0
+
+    def _refresh(self) -> None:
+        for root in self.roots:
+            try:
+                for p in [psutil.Process(root)] + psutil.Process(root).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        key = (p.pid, p.create_time())
+                        if key not in self.procs:
+                            self.procs[key] = p
+                            self.seen[key] = (0.0, os.path.basename((p.cmdline() or [p.name()])[0]))
+            except psutil.NoSuchProcess:
+                continue
+
+    def sample(self) -> float:
+        if self.calls % 5 == 0:  # new processes: every 5th sample (a listing of the tree costs more than a read)
+            self._refresh()
+        self.calls += 1
+        for key, p in list(self.procs.items()):
+            try:
+                t = p.cpu_times()
+                self.seen[key] = (t.user + t.system, self.seen[key][1])
+            except psutil.Error:
+                del self.procs[key]  # gone: its last seen CPU stays
+        return self.total()
+
+    def total(self) -> float:
+        return sum(v[0] for v in self.seen.values())
+
+    def by_command(self) -> dict:
+        out: dict = {}
+        for cpu, name in self.seen.values():
+            out[name] = round(out.get(name, 0.0) + cpu, 3)
+        return out
+
+
+# ---- what the job committed --------------------------------------------------------------------------------------
+
+def _commit_times(checkpoint: Path) -> dict:
+    """batch id -> commit time (mtime of Spark's commit log entry)."""
+    out = {}
+    d = checkpoint / "commits"
+    if d.is_dir():
+        for f in d.iterdir():
+            if f.name.isdigit():
+                with contextlib.suppress(FileNotFoundError):
+                    out[int(f.name)] = f.stat().st_mtime
+    return out
+
+
+class Committed:
+    """The job's committed batches, read incrementally: batch id -> (commit time, newest input arrival, rows in)."""
+
+    def __init__(self, lake: Lake, query: str, engine: str):
+        self.lake, self.query, self.engine = lake, query, engine
+        self.checkpoint = Path(lake.checkpoints(query)) / ("native" if engine == "spark-native" else "")
+        self.batches: dict = {}
+        self._native_files: dict = {}  # batch id -> newest arrival among its files
+
+    def _native_inputs(self) -> None:
+        """spark-native: the file sources' logs (``sources/<i>/<batch>``, compacted every few batches) name each
+        batch's files, so their arrival folders."""
+        root = self.checkpoint / "sources"
+        if not root.is_dir():
+            return
+        for src in root.iterdir():
+            for f in src.iterdir():
+                if f.name.startswith(".") or f.name.endswith(".tmp"):
+                    continue
+                try:
+                    lines = f.read_text().splitlines()[1:]
+                except (FileNotFoundError, UnicodeDecodeError):
+                    continue
+                for line in lines:
+                    try:
+                        e = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    m = ARRIVAL.search(e.get("path", ""))
+                    if m and "batchId" in e:
+                        b = int(e["batchId"])
+                        self._native_files[b] = max(self._native_files.get(b, 0), int(m.group(1)))
+
+    def update(self) -> dict:
+        commits = _commit_times(self.checkpoint)
+        new = [b for b in commits if b not in self.batches]
+        if not new:
+            return self.batches
+        if self.engine == "spark-native":
+            self._native_inputs()
+        for b in sorted(new):
+            if self.engine == "spark-native":
+                newest = self._native_files.get(b)
+                self.batches[b] = {"committed": commits[b], "newest_arrival": newest, "rows_in": None}
+                continue
+            path = Path(self.lake.metrics(self.query)) / f"batch={b}.json"
+            try:
+                rec = json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue  # the commit is visible before the record is read back: next time
+            self.batches[b] = {"committed": commits[b], "newest_arrival": (rec.get("arrivals") or [None, None])[1],
+                               "rows_in": sum((rec.get("rows_in") or {}).values()),
+                               "plan_version": rec.get("plan_version"), "wall_seconds": rec.get("wall_seconds"),
+                               "result_rows": rec.get("result_rows")}
+        return self.batches
+
+    def newest_arrival(self):
+        xs = [b["newest_arrival"] for b in self.batches.values() if b["newest_arrival"] is not None]
+        return max(xs) if xs else None
+
+
+# ---- the figures -------------------------------------------------------------------------------------------------
+
+def latencies(batches: dict, record: list) -> list[dict]:
+    """Per committed batch with input: commit time minus the landing of its newest input folder (the latest landing
+    of that arrival over the sources; they land within milliseconds of each other)."""
+    landed: dict = {}
+    for x in record:
+        landed[x["arrival"]] = max(landed.get(x["arrival"], 0.0), x["landed"])
+    out = []
+    for b, v in sorted(batches.items()):
+        e = v.get("newest_arrival")
+        if e is None or e not in landed:
+            continue
+        out.append({"batch_id": b, "arrival": e, "committed": v["committed"], "landed": landed[e],
+                    "latency": v["committed"] - landed[e], "rows_in": v.get("rows_in")})
+    return out
+
+
+def percentile(xs, q: float):
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else None
+
+
+def verdict(lag: list[dict], lat: list[dict], *, trigger: float, cycle: float, caught_up_after) -> dict:
+    """Sustained or not: the lag's trend over the second half of the feed adds under one cycle over that half,
+    the job caught up within two triggers of the feed's end, and p99 latency < 2 x trigger."""
+    pts = [(x["t"], x["lag"]) for x in lag if x.get("lag") is not None and x.get("feeding")]
+    half = pts[len(pts) // 2:]
+    growth = None
+    if len(half) >= 3:
+        t = np.array([p[0] for p in half])
+        y = np.array([p[1] for p in half])
+        slope = float(np.polyfit(t - t[0], y, 1)[0]) if np.ptp(t) > 0 else 0.0
+        growth = slope * float(np.ptp(t))
+    p99 = percentile([x["latency"] for x in lat], 99)
+    bounded = growth is not None and growth < cycle
+    caught = caught_up_after is not None and caught_up_after <= 2 * trigger
+    return {"lag_growth_second_half_s": growth, "lag_bounded": bounded, "caught_up_after_s": caught_up_after,
+            "caught_up_in_time": caught, "latency_p50_s": percentile([x["latency"] for x in lat], 50),
+            "latency_p99_s": p99, "latency_ok": p99 is not None and p99 < 2 * trigger,
+            "sustained": bool(bounded and caught and p99 is not None and p99 < 2 * trigger)}
+
+
+def versions() -> dict:
+    import pyarrow
+    import pyspark
+
+    out = {"python": sys.version.split()[0], "pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
+           "numpy": np.__version__, "psutil": psutil.__version__}
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        out["apache-airflow"] = version("apache-airflow")
+    return out
+
+
+def ensure_workload(name: str, work: Path) -> Path:
+    """The replay a workload is fed from, generated once under ``work/workloads``."""
+    from mjoin.workloads.manifest import load_manifest
+
+    out = work / "workloads" / name
+    with contextlib.suppress(Exception):
+        load_manifest(out)
+        return out
+    if name == "tpcds_seed":
+        from mjoin.workloads.tpcds_replay import generate_tpcds
+
+        generate_tpcds(out, sf=0.1, overwrite=True)
+        return out
+    raise SystemExit(f"workload {name!r} is not wired yet (have: {', '.join(WORKLOADS)})")
+
+
+# ---- one run -----------------------------------------------------------------------------------------------------
+
+def run_once(*, workload: str, system: str, rate: float, duration: int, work: Path, out: Path, trigger: float = 10.0,
+             catch_up: float = 60.0, period_minutes: int = 1, buckets: int = 16, fingerprint: bool = True,
+             startup: float = 300.0, warmup: float = 30.0, replay=None) -> dict:
+    if system not in SYSTEMS:
+        raise SystemExit(f"system {system!r}: one of {', '.join(SYSTEMS)}")
+    if system == "flink_multijoin":
+        raise SystemExit("flink_multijoin is not wired into the live harness yet (bench/live/README.md)")
+    query = WORKLOADS[workload]
+    replay = Path(replay) if replay else ensure_workload(workload, work)
+    from mjoin.workloads.manifest import load_manifest
+
+    sources = load_manifest(replay).sources
+    run_dir = work / f"{workload}-{system}-{int(rate)}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    lake = Lake(str(run_dir / "lake"))
+    record_path = run_dir / "feed-record.jsonl"
+    doc: dict = {"benchmark": "live_harness", "workload": workload, "query": query, "system": system,
+                 "rate": rate, "duration_s": duration, "trigger_s": trigger, "cycle_s": CYCLE,
+                 "period_minutes": period_minutes if system == "mjoin-loop" else None,
+                 "date": datetime.now(timezone.utc).isoformat(), "load_average_before": list(os.getloadavg())}
+    job = interval = None
+    airflow_ctx, loop_procs = None, []
+    feed_stop = threading.Event()
+    feeder = None
+    sampler_stop = threading.Event()
+    lag: list = []
+    landed_lines: list = []  # the feeder's record as it lands (the sampler reads it without re-reading the file)
+    try:
+        cmd = [sys.executable, "-m", "mjoin", "run", "--stream", "--query", query, "--lake", lake.root,
+               "--trigger", "processingTime", "--interval", str(trigger), "--buckets", str(buckets)]
+        if system == "spark-native":
+            cmd += ["--engine", "spark-native"]
+        if system == "mjoin-loop":
+            cmd += ["--stats-cycle", str(CYCLE)]
+        loop_cpu, loop_tree = None, None
+        if system == "mjoin-loop":
+            from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
+
+            env = airflow_env(run_dir / "airflow", lake=lake.root)
+            env.update({"MJOIN_PERIOD_MINUTES": str(period_minutes), "MJOIN_QUERY": query,
+                        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+                        "PYTHONPATH": os.pathsep.join([str(PROJECT / "include"), env.get("PYTHONPATH", "")])})
+            env.pop("MJOIN_SPARK_REMOTE", None)
+            ensure_db(env)
+            airflow_cmd(["dags", "reserialize"], env, capture=True)
+            airflow_ctx = services(env, run_dir)
+            _, _, loop_procs = airflow_ctx.__enter__()
+            loop_cpu = RunCpu([psutil.Process(p.pid) for p in loop_procs])
+            loop_tree = TreeCpu([p.pid for p in loop_procs])
+        for s in sources:  # the job lists them from its first trigger on
+            os.makedirs(lake.streams(s), exist_ok=True)
+        job = start(cmd, run_dir / "job.log")
+        job_tree = TreeCpu([job.pid])
+        committed = Committed(lake, query, "spark-native" if system == "spark-native" else "mjoin")
+        t_ready = time.time()
+        while not (committed.checkpoint / "metadata").exists():  # the streaming query has started
+            if job.poll() is not None:
+                raise RuntimeError(f"the job exited ({job.returncode}): " + (run_dir / "job.log").read_text()[-3000:])
+            if time.time() - t_ready > startup:
+                raise RuntimeError(f"the job did not start its query within {startup:g} s")
+            time.sleep(0.5)
+        doc["job_startup_s"] = round(time.time() - t_ready, 1)
+        # stage the feed for a start after the staging's estimated time (event times are written into the files)
+        t0 = math.ceil((time.time() + 15 + rate * duration / 3e5) / CYCLE) * CYCLE
+        plan = prepare_feed(replay, lake, rate=rate, duration=duration, start=t0, cycle=CYCLE)
+        doc["feed_plan"] = {"rows": plan.rows, "folders": len(plan.folders), "passes": plan.passes,
+                            "key_span": plan.key_span, "prepare_seconds": round(plan.prepare_seconds, 2),
+                            "start": plan.start}
+        if time.time() > t0:
+            doc["late_start_s"] = time.time() - t0  # staging or start-up overran: the first folders land at once
+
+        def feed():
+            try:
+                run_feed(plan, record_path, stop=feed_stop.is_set, on_folder=landed_lines.append)
+            except Exception as exc:  # recorded
+                doc["feed_error"] = repr(exc)
+
+        feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+        feeder.start()
+        cpu0 = None
+
+        def sample():
+            nonlocal cpu0
+            tick = math.floor(time.time()) + 1.0
+            while not sampler_stop.wait(max(tick - time.time(), 0.0)):
+                tick = max(tick + 1.0, math.floor(time.time()))
+                now = time.time()
+                rec = landed_lines
+                committed.update()
+                landed = max((x["arrival"] for x in rec), default=None)
+                done = committed.newest_arrival()
+                cpu = job_tree.sample()
+                lcpu = loop_tree.sample() if loop_tree else None
+                if cpu0 is None and rec:
+                    cpu0 = cpu
+                lag.append({"t": round(now, 3), "landed_arrival": landed, "committed_arrival": done,
+                            "lag": None if landed is None else (landed - (done if done is not None else plan.start - CYCLE)),
+                            "feeding": feeder.is_alive(), "job_cpu": round(cpu, 3),
+                            "loop_cpu": None if lcpu is None else round(lcpu, 3),
+                            "load1": os.getloadavg()[0]})
+
+        sampler = threading.Thread(target=sample, name="sampler", daemon=True)
+        sampler.start()
+        while feeder.is_alive():
+            if job.poll() is not None:
+                raise RuntimeError(f"the job exited ({job.returncode}): " + (run_dir / "job.log").read_text()[-3000:])
+            feeder.join(1.0)
+        feed_end = time.time()
+        last = max((x["arrival"] for x in read_record(record_path)), default=None)
+        caught_up_after = None
+        while time.time() - feed_end < catch_up and job.poll() is None:
+            committed.update()
+            if last is not None and committed.newest_arrival() == last:
+                caught_up_after = time.time() - feed_end
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)
+        sampler_stop.set()
+        sampler.join(10)
+        job_cpu = job_tree.sample()
+        doc["load_average_after"] = list(os.getloadavg())
+        if loop_cpu is not None:
+            doc["loop_cpu"] = {**loop_cpu.finish(time.time()), "sampled_tree_cpu_seconds": round(loop_tree.sample(), 3),
+                               "by_command": loop_tree.by_command()}
+        # stop the job: mjoin through its control file first (a clean stop), then its process group
+        if system != "spark-native" and job.poll() is None:
+            with contextlib.suppress(Exception):
+                from mjoin.engine.control import JobControl
+
+                ctl = JobControl(lake, query)
+                ctl.request_stop(by="live-harness", reason="run over")
+                ctl.wait_stopped(60)
+        stop_group(job)
+        if airflow_ctx is not None:
+            stop_services(airflow_ctx, loop_procs)
+            airflow_ctx = None
+        record = read_record(record_path)
+        batches = committed.update()
+        lat = latencies(batches, record)
+        for x in lat:  # batches whose newest input landed in the first `warmup` seconds of the feed: not in the verdict
+            x["warmup"] = x["landed"] < plan.start + CYCLE + warmup
+        v = verdict(lag, [x for x in lat if not x["warmup"]], trigger=trigger, cycle=CYCLE,
+                    caught_up_after=caught_up_after)
+        v["warmup_s"] = warmup
+        doc.update(feed=achieved(record, CYCLE), verdict=v, sustained=v["sustained"],
+                   job_cpu_seconds=round(job_cpu, 3), job_cpu_by_command=job_tree.by_command(),
+                   job_cpu_seconds_while_feeding=round(job_cpu - (cpu0 or 0.0), 3),
+                   batches=len(batches), batches_with_input=len(lat), latency=lat, lag=lag,
+                   plan_versions=sorted({b.get("plan_version") for b in batches.values()
+                                         if b.get("plan_version") is not None}))
+        if system == "mjoin-loop":
+            runs = Path(lake.reports(query)) / "runs"
+            doc["loop_runs"] = [json.loads((r / "outcome.json").read_text()).get("status")
+                                for r in sorted(runs.glob("*")) if (r / "outcome.json").exists()] if runs.is_dir() else []
+        if fingerprint and caught_up_after is not None and record:
+            from mjoin.engine.results import result_fingerprint
+
+            first = min(x["arrival"] for x in record)
+            out_dir = run_dir / "interval"
+            interval = start([sys.executable, "-m", "mjoin", "run", "--query", query, "--lake", lake.root,
+                              "--from", str(first), "--to", str(last + CYCLE), "--cycle", str(CYCLE),
+                              "--out", str(out_dir), "--buckets", str(buckets)], run_dir / "interval.log")
+            rc = interval.wait(1800)
+            interval = None
+            if rc == 0:
+                ref, got = result_fingerprint(str(out_dir), query), result_fingerprint(lake.root, query)
+                doc.update(fingerprint=got, interval_fingerprint=ref, identical_results=ref == got)
+            else:
+                doc["fingerprint_error"] = (run_dir / "interval.log").read_text()[-2000:]
+        elif fingerprint:
+            doc["identical_results"] = None
+            doc["fingerprint_skipped"] = "the job did not catch up with the feed: its results are a prefix"
+    finally:
+        feed_stop.set()
+        sampler_stop.set()
+        stop_group(job)
+        stop_group(interval)
+        if airflow_ctx is not None:
+            stop_services(airflow_ctx, loop_procs)
+        if feeder is not None:
+            feeder.join(5)
+    doc.update(machine=machine(), versions=versions(), commit=git_commit(PROJECT))
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = out / f"{workload}-{system}-{int(rate)}-{stamp}.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    shutil.rmtree(lake.root, ignore_errors=True)  # the landed feed can be gigabytes
+    v = doc["verdict"]
+    print(f"{system} {rate:,.0f}/s {duration}s: sustained={v['sustained']} p50={v['latency_p50_s']} "
+          f"p99={v['latency_p99_s']} lag growth={v['lag_growth_second_half_s']} caught up after "
+          f"{v['caught_up_after_s']} job cpu {doc['job_cpu_seconds']} s identical={doc.get('identical_results')} "
+          f"load {doc['load_average_before'][0]:.1f}->{doc['load_average_after'][0]:.1f} -> {path}", flush=True)
+    return doc
+
+
+def search(args) -> list[dict]:
+    """Double the rate while sustained, then bisect between the last sustained and the first unsustained rate."""
+    docs = []
+    good, bad, rate = None, None, float(args.rate)
+    while bad is None and rate <= args.max_rate:
+        d = run_once(**_run_kwargs(args, rate))
+        docs.append(d)
+        if d["sustained"]:
+            good, rate = rate, rate * 2
+        else:
+            bad = rate
+    for _ in range(args.bisect if good is not None and bad is not None else 0):
+        rate = round((good + bad) / 2, -2)
+        if rate in (good, bad):
+            break
+        d = run_once(**_run_kwargs(args, rate))
+        docs.append(d)
+        good, bad = (rate, bad) if d["sustained"] else (good, rate)
+    print(json.dumps({"system": args.system, "workload": args.workload, "sustained": good, "not_sustained": bad}))
+    return docs
+
+
+def _run_kwargs(args, rate: float) -> dict:
+    return dict(workload=args.workload, system=args.system, rate=rate, duration=args.duration, work=Path(args.work),
+                out=Path(args.out) / "runs", trigger=args.trigger, catch_up=args.catch_up,
+                period_minutes=args.period_minutes, buckets=args.buckets, fingerprint=not args.no_fingerprint,
+                warmup=args.warmup, replay=args.replay)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=("run", "search"))
+    p.add_argument("--workload", default="tpcds_seed", choices=sorted(WORKLOADS))
+    p.add_argument("--system", default="mjoin-fixed", choices=SYSTEMS)
+    p.add_argument("--rate", type=float, default=10_000, help="tuples/s (search: the first rate tried)")
+    p.add_argument("--max-rate", type=float, default=640_000)
+    p.add_argument("--bisect", type=int, default=2, help="bisection steps after doubling (search)")
+    p.add_argument("--duration", type=int, default=600, help="feed length, seconds (the goal: at least 600)")
+    p.add_argument("--trigger", type=float, default=10.0)
+    p.add_argument("--catch-up", type=float, default=60.0, help="seconds the job may catch up after the feed ends")
+    p.add_argument("--warmup", type=float, default=30.0,
+                   help="batches whose newest input landed in the feed's first cycle plus this many seconds are "
+                        "kept in the file but not in the verdict (the JVM's warm-up)")
+    p.add_argument("--replay", help="a generated workload to feed from (default: generated under --work)")
+    p.add_argument("--period-minutes", type=int, default=1, help="mjoin-loop: the re-optimization period")
+    p.add_argument("--buckets", type=int, default=16)
+    p.add_argument("--no-fingerprint", action="store_true")
+    p.add_argument("--work", default="/tmp/mjoin-live")
+    p.add_argument("--out", default=str(HERE / "results"))
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        if args.action == "run":
+            run_once(**_run_kwargs(args, args.rate))
+        else:
+            search(args)
+    except Interrupted as exc:
+        print(f"interrupted ({exc}): everything started was stopped", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
