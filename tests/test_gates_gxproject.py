@@ -111,6 +111,22 @@ def test_severities_critical_fails_warning_passes_and_both_are_in_data_docs(tmp_
     assert "data docs: " in res.summary()  # a warning is shown with its page, too
 
 
+def test_a_warning_is_in_the_runs_links_and_on_the_mjoin_page(tmp_path, seed_query):
+    from mjoin.lake.layout import Lake
+    from mjoin.loop import links
+
+    lake = Lake(str(tmp_path / "lake"))
+    short = history(seed_query, 4, start=cycle_iso(8))
+    warned = run_stats(seed_query, short, stored(Path(lake.gx())))
+    clean = run_stats(seed_query, history(seed_query, 12), stored(Path(lake.gx()), results_docs="all"))
+    assert (warned.status, clean.status, clean.warning_expectations) == ("passed", "passed", [])
+    out = links.run_links(lake, seed_query.name, {"stats": warned.to_json(), "plan": clean.to_json()}, 1, base="")
+    assert out["warnings"] == {"stats": ["stats.history_long_enough"]}  # the passed gate with pages: none
+    assert set(out["data_docs"]) == {"stats", "plan"}
+    page = links.links_html([{"interval_end": "e", "status": "deployed", "version": 1, "links": out}])
+    assert 'title="stats.history_long_enough">stats (1 warning)</a>' in page and ">plan</a>" in page
+
+
 def test_a_missing_context_is_created_and_one_deleted_under_a_process_is_recreated(tmp_path, seed_query, bad_and_good,
                                                                                caplog):
     bad, _ = bad_and_good

@@ -97,12 +97,15 @@ def newest_report(lake: Lake, query: str) -> str | None:
 
 def run_links(lake: Lake, query: str, gate_docs: dict, version, base: str | None = None) -> dict:
     """The links of one run's outcome: each gate's Data Docs page, the plan version it deployed or left
-    active, the newest evaluation report."""
-    out = {"data_docs": {}, "plan": None, "report": None}
+    active, the newest evaluation report; ``warnings``: per gate, the expectations of severity ``warning`` that
+    failed (the gate passed: its page is the one to open)."""
+    out = {"data_docs": {}, "plan": None, "report": None, "warnings": {}}
     for gate, doc in gate_docs.items():
         page = gate_page(doc or {})
         if page:
             out["data_docs"][gate] = data_docs_url(lake.namespace, page, base)
+        if (doc or {}).get("warning_expectations"):
+            out["warnings"][gate] = list(doc["warning_expectations"])
     if version is not None:
         out["plan"] = plan_url(query, version, base)
     report = newest_report(lake, query)
@@ -123,8 +126,13 @@ def links_html(outcomes: list[dict]) -> str:
     rows = []
     for o in outcomes:
         links = o.get("links") or {}
-        cells = [f'<a href="{html.escape(from_plugin_page(url))}">{html.escape(gate)}</a>'
-                 for gate, url in (links.get("data_docs") or {}).items()]
+        warned = links.get("warnings") or {}
+        cells = []
+        for gate, url in (links.get("data_docs") or {}).items():
+            names = warned.get(gate)  # a gate that passed with warnings: say so beside its page
+            title = f' title="{html.escape(", ".join(names))}"' if names else ""
+            label = f"{gate} ({_warnings(names)})" if names else gate
+            cells.append(f'<a href="{html.escape(from_plugin_page(url))}"{title}>{html.escape(label)}</a>')
         if links.get("plan"):
             version = o.get("active_version") if o.get("version") is None else o.get("version")
             cells.append(f'<a href="{html.escape(from_plugin_page(links["plan"]))}">plan v{html.escape(str(version))}</a>')
@@ -137,6 +145,10 @@ def links_html(outcomes: list[dict]) -> str:
         return ""
     return ("<h3>links of recent runs</h3><table class='mjoin-links'><thead><tr><th>interval_end</th><th>status</th>"
             "<th>Data Docs, plan, report</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _warnings(names: list) -> str:
+    return f"{len(names)} warning" + ("s" if len(names) > 1 else "")
 
 
 def data_docs_target(token: str, page: str, lake: Lake | None = None) -> str | None:
