@@ -150,9 +150,9 @@ def test_one_image_built_once_from_a_base_chosen_by_an_argument():
     # the test tools left out of the image are test tools: nothing the image runs imports them
     left_out = set(re.search(r"grep -vE '\^\(([^)]*)\)==' requirements.txt", docker).group(1).split("|"))
     pinned = {line.split("==")[0] for line in (PROJECT / "requirements.txt").read_text().splitlines() if "==" in line}
-    assert left_out == {"pytest", "pytest-xdist", "hypothesis", "import-linter"} and left_out <= pinned
+    assert left_out == {"pytest", "pytest-xdist", "hypothesis", "import-linter", "selenium"} and left_out <= pinned
     shipped = [p for d in ("include", "dags", "plugins", "jobs") for p in (PROJECT / d).rglob("*.py")]
-    imports = re.compile(r"^\s*(?:import|from)\s+(pytest|xdist|hypothesis|importlinter)\b", re.M)
+    imports = re.compile(r"^\s*(?:import|from)\s+(pytest|xdist|hypothesis|importlinter|selenium)\b", re.M)
     assert not [str(p) for p in shipped if imports.search(p.read_text())]
 
 
