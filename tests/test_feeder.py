@@ -38,7 +38,8 @@ def test_folders_land_complete_in_order_on_time_and_the_record_matches(workload,
     lake = Lake(str(tmp_path / "lake"))
     rate, cycle, duration = 20_000.0, 1, 5
     start = time.time() + 4
-    plan = prepare_feed(workload, lake, rate=rate, duration=duration, start=start, cycle=cycle, rows_per_file=1_500)
+    plan = prepare_feed(workload, lake, rate=rate, duration=duration, start=start, cycle=cycle, rows_per_file=1_500,
+                        pace="compressed")
     assert plan.rows == int(rate * duration)
     assert plan.passes == 9  # 100,000 rows from a 12,000-row replay
     expected = {(f.source, f.arrival): f.rows for f in plan.folders}
@@ -100,7 +101,8 @@ def test_passes_of_the_replay_get_disjoint_keys(workload, tmp_path):
     manifest = load_manifest(workload.root)
     n = sum(manifest.rows(s) for s in manifest.sources)
     lake = Lake(str(tmp_path / "lake"))
-    plan = prepare_feed(workload, lake, rate=n / 4, duration=8, start=1_000_000_000, cycle=2)  # exactly two passes
+    plan = prepare_feed(workload, lake, rate=n / 4, duration=8, start=1_000_000_000, cycle=2,
+                        pace="compressed")  # exactly two passes
     assert plan.passes == 2 and plan.rows == 2 * n
     span = plan.key_span
     for s in manifest.sources:
@@ -119,6 +121,41 @@ def test_passes_of_the_replay_get_disjoint_keys(workload, tmp_path):
             assert np.array_equal(np.sort(k[k >= span] - span), np.sort(o))
 
 
+def test_replay_pace_keeps_each_keys_pace_and_grows_the_rate_with_the_keys(workload, tmp_path):
+    import pyarrow as pa
+
+    manifest = load_manifest(workload.root)
+    n = sum(manifest.rows(s) for s in manifest.sources)  # 12,000 rows over 60 s: 200 tuples/s
+    lake = Lake(str(tmp_path / "lake"))
+    rate, duration, start = 2_000.0, 30, 1_000_000_000
+    plan = prepare_feed(workload, lake, rate=rate, duration=duration, start=start, cycle=5)
+    assert plan.pace == "replay" and plan.lane_seconds == pytest.approx(n / rate)
+    assert abs(plan.rows - rate * duration) / (rate * duration) < 0.05  # ten lanes at once, 200 tuples/s each
+    span, t0 = plan.key_span, int(manifest.start_epoch * 1e6)
+    for s in manifest.sources:
+        orig = pa.concat_tables([pq.read_table(Path(workload.root, "streams", s, f"arrival={a}"))
+                                 for a in manifest.arrivals(s)])
+        o_ts = orig.column("ts").cast("int64").to_numpy() - t0
+        key = plan.key_columns[s][0]
+        o_key: dict = {}  # replay time -> the keys of its rows (rows may share a time)
+        for t, k in zip(o_ts.tolist(), orig.column(key).to_pylist()):
+            o_key.setdefault(t, set()).add(k)
+        staged = pa.concat_tables([pq.read_table(os.path.join(plan.staging, f.source, f"arrival={f.arrival}"))
+                                   for f in plan.folders if f.source == s])
+        ts = staged.column("ts").cast("int64").to_numpy()
+        keys = staged.column(key).to_pylist()
+        lanes = set()
+        for t, k in zip(ts.tolist(), keys):
+            if k is None:
+                continue
+            lane = k // span
+            lanes.add(lane)
+            rel = t - start * 1_000_000 - int(round((lane * plan.lane_seconds - plan.replay_seconds) * 1e6))
+            # the replay's row at the replay's time (within the lane start's 1-us rounding), keys shifted by the lane
+            assert any(k - lane * span in o_key.get(rel + d, ()) for d in (-1, 0, 1)), (t, k, lane)
+        assert len(lanes) >= 10
+
+
 def test_stop_ends_between_folders_and_later_folders_stay_staged(workload, tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     plan = prepare_feed(workload, lake, rate=5_000, duration=30, start=time.time() - 2, cycle=1)
@@ -133,7 +170,8 @@ def test_stop_ends_between_folders_and_later_folders_stay_staged(workload, tmp_p
 def test_feed_command_lands_and_prints_the_achieved_rate(workload, tmp_path):
     lake = tmp_path / "lake"
     out = subprocess.run([sys.executable, "-m", "mjoin", "feed", "--workload", workload.root, "--lake", str(lake),
-                          "--rate", "4000", "--duration", "3s", "--cycle", "1", "--start", "+1s"],
+                          "--rate", "4000", "--duration", "3s", "--cycle", "1", "--start", "+1s",
+                          "--pace", "compressed"],
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(PROJECT / "include")})
     assert out.returncode == 0, out.stderr[-2000:]

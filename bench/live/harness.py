@@ -154,6 +154,7 @@ class TreeCpu:
         self.seen: dict = {}  # (pid, create time) -> (own CPU, cmdline head)
         self.procs: dict = {}  # (pid, create time) -> psutil.Process
         self.calls = 0
+        self.lock = threading.Lock()  # the sampler thread and the final sample
 
     def _refresh(self) -> None:
         for root in self.roots:
@@ -162,12 +163,16 @@ class TreeCpu:
                     with contextlib.suppress(psutil.Error):
                         key = (p.pid, p.create_time())
                         if key not in self.procs:
-                            self.procs[key] = p
                             self.seen[key] = (0.0, os.path.basename((p.cmdline() or [p.name()])[0]))
+                            self.procs[key] = p
             except psutil.NoSuchProcess:
                 continue
 
     def sample(self) -> float:
+        with self.lock:
+            return self._sample()
+
+    def _sample(self) -> float:
         if self.calls % 5 == 0:  # new processes: every 5th sample (a listing of the tree costs more than a read)
             self._refresh()
         self.calls += 1
@@ -339,7 +344,7 @@ def ensure_workload(name: str, work: Path) -> Path:
 
 def run_once(*, workload: str, system: str, rate: float, duration: int, work: Path, out: Path, trigger: float = 10.0,
              catch_up: float = 60.0, period_minutes: int = 1, buckets: int = 16, fingerprint: bool = True,
-             startup: float = 300.0, warmup: float = 30.0, replay=None) -> dict:
+             startup: float = 300.0, warmup: float = 30.0, replay=None, pace: str = "replay") -> dict:
     if system not in SYSTEMS:
         raise SystemExit(f"system {system!r}: one of {', '.join(SYSTEMS)}")
     if system == "flink_multijoin":
@@ -402,8 +407,8 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
         doc["job_startup_s"] = round(time.time() - t_ready, 1)
         # stage the feed for a start after the staging's estimated time (event times are written into the files)
         t0 = math.ceil((time.time() + 15 + rate * duration / 3e5) / CYCLE) * CYCLE
-        plan = prepare_feed(replay, lake, rate=rate, duration=duration, start=t0, cycle=CYCLE)
-        doc["feed_plan"] = {"rows": plan.rows, "folders": len(plan.folders), "passes": plan.passes,
+        plan = prepare_feed(replay, lake, rate=rate, duration=duration, start=t0, cycle=CYCLE, pace=pace)
+        doc["feed_plan"] = {"rows": plan.rows, "folders": len(plan.folders), "pace": pace, "lanes_or_passes": plan.passes,
                             "key_span": plan.key_span, "prepare_seconds": round(plan.prepare_seconds, 2),
                             "start": plan.start}
         if time.time() > t0:
@@ -559,12 +564,119 @@ def _run_kwargs(args, rate: float) -> dict:
     return dict(workload=args.workload, system=args.system, rate=rate, duration=args.duration, work=Path(args.work),
                 out=Path(args.out) / "runs", trigger=args.trigger, catch_up=args.catch_up,
                 period_minutes=args.period_minutes, buckets=args.buckets, fingerprint=not args.no_fingerprint,
-                warmup=args.warmup, replay=args.replay)
+                warmup=args.warmup, replay=args.replay, pace=args.pace)
+
+
+# ---- live.json and the plot ----------------------------------------------------------------------------------------
+
+SYSTEM_KEYS = {"mjoin-loop": "mjoin", "mjoin-fixed": "mjoin_fixed_plan", "spark-native": "spark_native",
+               "flink_multijoin": "flink_multijoin"}
+
+
+def summarize(runs_dir: Path, out: Path) -> dict:
+    """``live.json`` from every run file: per workload and system the highest sustained rate (0 when the lowest rate
+    tried was not sustained), the latency at that rate, the runs behind each figure (rate, length, load), and the
+    list of what was not measured."""
+    docs = []
+    for f in sorted(runs_dir.glob("*.json")):
+        d = json.loads(f.read_text())
+        d["_file"] = f.name
+        docs.append(d)
+    sustainable, p50, p99, evidence = {}, {}, {}, {}
+    for d in docs:
+        w, k = d["workload"], SYSTEM_KEYS[d["system"]]
+        evidence.setdefault(w, {}).setdefault(k, []).append(
+            {"rate": d["rate"], "sustained": d["sustained"], "duration_s": d["duration_s"],
+             "latency_p50_s": d["verdict"]["latency_p50_s"], "latency_p99_s": d["verdict"]["latency_p99_s"],
+             "lag_growth_second_half_s": d["verdict"]["lag_growth_second_half_s"],
+             "caught_up_after_s": d["verdict"]["caught_up_after_s"],
+             "job_cpu_seconds_while_feeding": d.get("job_cpu_seconds_while_feeding"),
+             "identical_results": d.get("identical_results"),
+             "load_average": [round(d["load_average_before"][0], 1), round(d["load_average_after"][0], 1)],
+             "file": f"runs/{d['_file']}"})
+    for w, systems in evidence.items():
+        for k, rs in systems.items():
+            rs.sort(key=lambda r: r["rate"])
+            ok = [r for r in rs if r["sustained"]]
+            best = max(ok, key=lambda r: r["rate"]) if ok else None
+            sustainable.setdefault(w, {})[k] = best["rate"] if best else 0
+            p50.setdefault(w, {})[k] = round(best["latency_p50_s"], 2) if best else None
+            p99.setdefault(w, {})[k] = round(best["latency_p99_s"], 2) if best else None
+    checked = [d.get("identical_results") for d in docs if d.get("identical_results") is not None]
+    loads = [x for d in docs for x in (d["load_average_before"][0], d["load_average_after"][0])]
+    doc = {
+        "sustainable_tuples_per_s": sustainable, "latency_p50_s": p50, "latency_p99_s": p99,
+        "identical_results": all(checked) if checked else None,
+        "identical_results_checked": f"{sum(1 for c in checked if c)} of {len(checked)} runs that caught up "
+                                     f"(the others are a prefix of the feed)",
+        "runs": evidence,
+        "method": {"run_length_s": sorted({d["duration_s"] for d in docs}), "rounds": 1,
+                   "trigger_s": sorted({d["trigger_s"] for d in docs}), "arrival_cycle_s": CYCLE,
+                   "sustained": "lag trend over the feed's second half adds < one arrival cycle, caught up within two "
+                                "triggers of the feed's end, p99 latency < 2 x trigger (batches of the first cycle "
+                                "+ warm-up excluded)",
+                   "search": "doubling from the first rate, then bisection; a bracket is [highest sustained, lowest "
+                             "not sustained] in runs"},
+        "machine": docs[-1]["machine"] if docs else machine(),
+        "versions": docs[-1]["versions"] if docs else versions(),
+        "commit": sorted({d["commit"] for d in docs}),
+        "load": {"min": round(min(loads), 1), "max": round(max(loads), 1)} if loads else None,
+    }
+    doc["not_measured"] = [f"{w}/{k}" for w in ("tpcds_seed", "selective", "hot-rotate", "hot-ramp", "hot-burst")
+                           for k in ("mjoin", "flink_multijoin", "spark_native") if k not in sustainable.get(w, {})]
+    doc["not_measured"] += ["total_cpu_seconds (the loop's net gain live: loop on vs fixed vs fixed_worst vs oracle, "
+                            "30 min each at half of mjoin's sustainable rate)"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "live.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(docs, out / "live.png")
+    return doc
+
+
+def plot(docs: list, path: Path) -> None:
+    """Lag per second and latency per batch over the run, for each system's highest sustained run and its lowest
+    unsustained one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pick = []
+    for sysname in SYSTEM_KEYS:
+        rs = [d for d in docs if d["system"] == sysname]
+        ok = [d for d in rs if d["sustained"]]
+        bad = [d for d in rs if not d["sustained"]]
+        if ok:
+            pick.append(max(ok, key=lambda d: d["rate"]))
+        if bad:
+            pick.append(min(bad, key=lambda d: d["rate"]))
+    if not pick:
+        return
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for d in pick:
+        t0 = d["feed_plan"]["start"]
+        label = f"{d['system']} {d['rate']:,.0f}/s ({'sustained' if d['sustained'] else 'not sustained'})"
+        xs = [(x["t"] - t0, x["lag"]) for x in d["lag"] if x.get("lag") is not None]
+        line, = a1.plot([x for x, _ in xs], [y for _, y in xs], label=label)
+        a2.plot([x["committed"] - t0 for x in d["latency"]], [x["latency"] for x in d["latency"]], "o-",
+                color=line.get_color(), label=label, markersize=3)
+    trig = pick[0]["trigger_s"]
+    a2.axhline(2 * trig, color="grey", linestyle="--", linewidth=1, label=f"2 x trigger ({2 * trig:g} s)")
+    a1.set_ylabel("lag (s): newest landed arrival -\nnewest committed input")
+    a2.set_ylabel("end-to-end latency (s) per batch")
+    a2.set_xlabel("seconds since the feed's first cycle")
+    a1.legend(fontsize=7)
+    a2.legend(fontsize=7)
+    loads = [d["load_average_before"][0] for d in pick]
+    fig.suptitle(f"{pick[0]['workload']}: live feed, {pick[0]['duration_s']} s runs, one round each, "
+                 f"load {min(loads):.0f}-{max(loads):.0f} on 2 cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=("run", "search"))
+    p.add_argument("action", choices=("run", "search", "summarize"))
     p.add_argument("--workload", default="tpcds_seed", choices=sorted(WORKLOADS))
     p.add_argument("--system", default="mjoin-fixed", choices=SYSTEMS)
     p.add_argument("--rate", type=float, default=10_000, help="tuples/s (search: the first rate tried)")
@@ -576,6 +688,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=30.0,
                    help="batches whose newest input landed in the feed's first cycle plus this many seconds are "
                         "kept in the file but not in the verdict (the JVM's warm-up)")
+    p.add_argument("--pace", choices=("replay", "compressed"), default="replay",
+                   help="the feeder's pace (mjoin.workloads.feeder): replay (default) keeps every key's pace")
     p.add_argument("--replay", help="a generated workload to feed from (default: generated under --work)")
     p.add_argument("--period-minutes", type=int, default=1, help="mjoin-loop: the re-optimization period")
     p.add_argument("--buckets", type=int, default=16)
@@ -586,7 +700,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        if args.action == "run":
+        if args.action == "summarize":
+            doc = summarize(Path(args.out) / "runs", Path(args.out))
+            print(json.dumps({k: doc[k] for k in ("sustainable_tuples_per_s", "latency_p99_s", "identical_results")}))
+        elif args.action == "run":
             run_once(**_run_kwargs(args, args.rate))
         else:
             search(args)

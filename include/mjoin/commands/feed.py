@@ -15,9 +15,9 @@ from mjoin.workloads.feeder import achieved, prepare_feed, read_record, run_feed
 
 NAME = "feed"
 HELP = "land a workload in real time at a chosen rate (up to hundreds of thousands of tuples/s), staged ahead"
-DESCRIPTION = """Re-chunk a generated workload into arrival folders of --rate tuples/s (all sources together;
-the replay's order, event times on the wall clock, the replay started again with shifted keys when used
-up) in <lake>/.feed-staging/, then rename each folder into <lake>/streams/<source>/arrival=<epoch>/ when
+DESCRIPTION = """Re-chunk a generated workload into arrival folders of --rate tuples/s (all sources together,
+event times on the wall clock; --pace replay: lanes of the replay with shifted keys, each key at the
+replay's own pace) in <lake>/.feed-staging/, then rename each folder into <lake>/streams/<source>/arrival=<epoch>/ when
 its cycle ends. Writes one JSON line per landed folder (planned and landed time, rows) to --record.
 
   python -m mjoin feed --workload .demo/tpcds --lake /tmp/lake --rate 100000 --duration 3m
@@ -35,6 +35,9 @@ def add_arguments(p):
     p.add_argument("--record", help="achieved-rate record, JSON lines (default <lake>/feed-record.jsonl)")
     p.add_argument("--columns", choices=("query", "all"), default="query",
                    help="keep the columns the workload's queries read (default) or all")
+    p.add_argument("--pace", choices=("replay", "compressed"), default="replay",
+                   help="replay (default): every key at the replay's own pace, the rate grown with the keys (lanes of "
+                        "the replay, keys shifted per lane); compressed: the replay squeezed to the rate, pass after pass")
     p.add_argument("--rows-per-file", type=int, help="split each folder into files of at most this many rows")
 
 
@@ -51,7 +54,7 @@ def run(args) -> int:
         start = math.ceil(start / args.cycle) * args.cycle
         print(f"staging {args.rate:g} tuples/s for {duration:g} s from {iso(start)} ...", flush=True)
         plan = prepare_feed(args.workload, lake, rate=args.rate, duration=duration, start=start, cycle=args.cycle,
-                            columns=args.columns, rows_per_file=args.rows_per_file)
+                            columns=args.columns, rows_per_file=args.rows_per_file, pace=args.pace)
         print(f"staged {plan.rows} rows in {len(plan.folders)} folders ({plan.passes} passes) in "
               f"{plan.prepare_seconds:.1f} s; landing into {lake.root}", flush=True)
         run_feed(plan, record)

@@ -6,14 +6,22 @@ live feed at a few thousand tuples/s. The feeder does the work ahead instead, in
 
 1. :func:`prepare_feed` re-chunks a generated workload (``python -m mjoin generate``) into arrival
    folders of the target rate, in a staging folder on the lake's filesystem (``<lake>/.feed-staging/``;
-   the engine lists ``<lake>/streams/`` only). All sources' rows are taken in the replay's order (by event
-   time, stable; ties by source order) and the k-th of them gets the event time ``start + k / rate``: the
-   replay's order at a uniform total rate, as the paper's replay interleaves it. The arrival folder of
-   epoch ``e`` (a multiple of ``cycle``) holds each source's rows with event time in ``[e, e + cycle)``.
-   When the replay is used up it starts again, every pass ``p`` adding ``p * key_span`` to the key columns
-   of the workload's queries (``key_span``: a power of ten above every key), so passes never join each
-   other and a key is as busy at any rate as in one pass. Only the columns the workload's queries read
-   are kept (``columns="all"`` keeps every one).
+   the engine lists ``<lake>/streams/`` only). The arrival folder of epoch ``e`` (a multiple of ``cycle``)
+   holds each source's rows with event time in ``[e, e + cycle)``. Two paces (``pace``):
+
+   - ``replay`` (default): each key keeps the replay's own pace. The replay runs in *lanes*: lane ``p`` is
+     the whole replay shifted in time by ``p * n / rate - length`` (``n`` rows over ``length`` seconds) and
+     in keys by ``p * key_span``, so ``rate * length / n`` lanes run at once and the total rate is ``rate``;
+     the rate grows with the keys, every key as busy as in the generated replay (a window's matches per
+     tuple do not grow with the rate). Lanes start before ``start``, already under way, so the rate is
+     steady from the first cycle (the window state still fills over the first window).
+   - ``compressed``: all sources' rows in the replay's order (by event time, stable; ties by source
+     order), the k-th at ``start + k / rate``; used up, the replay starts again with keys shifted by
+     ``key_span`` per pass. Each pass is squeezed into ``n / rate`` seconds, so a window holds every match
+     of a pass (the dense case).
+
+   ``key_span`` is a power of ten above every key column of the workload's queries, so lanes and passes
+   never join each other. Only the columns the queries read are kept (``columns="all"``: every one).
 2. :func:`run_feed` renames each staged folder into ``<lake>/streams/<source>/arrival=<e>/`` when its
    cycle has ended on the wall clock (``e + cycle``; folders already due land at once): one rename per
    folder, so a reader sees all of a folder or none of it (the landing contract, docs/workloads.md).
@@ -48,6 +56,7 @@ from mjoin.workloads.manifest import Manifest, load_manifest
 log = logging.getLogger(__name__)
 
 STAGING = ".feed-staging"
+PACES = ("replay", "compressed")
 PLAN = "feed.json"
 MICROS = 1_000_000
 
@@ -79,6 +88,9 @@ class FeedPlan:
     key_span: int
     key_columns: dict
     folders: list = field(default_factory=list)
+    pace: str = "replay"
+    lane_seconds: float | None = None  # replay pace: seconds between two lanes' starts
+    replay_seconds: float | None = None  # the replay's length
     prepare_seconds: float = 0.0
 
     @property
@@ -96,7 +108,8 @@ class FeedPlan:
     def to_dict(self) -> dict:
         return {"lake": self.lake, "staging": self.staging, "rate": self.rate, "cycle": self.cycle,
                 "start": self.start, "duration": self.duration, "passes": self.passes, "key_span": self.key_span,
-                "key_columns": self.key_columns, "rows": self.rows, "prepare_seconds": round(self.prepare_seconds, 3),
+                "key_columns": self.key_columns, "pace": self.pace, "lane_seconds": self.lane_seconds,
+                "replay_seconds": self.replay_seconds, "rows": self.rows, "prepare_seconds": round(self.prepare_seconds, 3),
                 "folders": [f.to_dict() for f in self.folders]}
 
     @classmethod
@@ -104,6 +117,8 @@ class FeedPlan:
         return cls(lake=doc["lake"], staging=doc["staging"], rate=doc["rate"], cycle=doc["cycle"], start=doc["start"],
                    duration=doc["duration"], passes=doc["passes"], key_span=doc["key_span"],
                    key_columns=doc["key_columns"], folders=[Folder(**f) for f in doc["folders"]],
+                   pace=doc.get("pace", "replay"), lane_seconds=doc.get("lane_seconds"),
+                   replay_seconds=doc.get("replay_seconds"),
                    prepare_seconds=doc.get("prepare_seconds", 0.0))
 
 
@@ -148,7 +163,7 @@ def _event_column(manifest: Manifest, source: str) -> str:
 
 
 def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, cycle: int = 10,
-                 columns: str = "query", rows_per_file: int | None = None) -> FeedPlan:
+                 columns: str = "query", rows_per_file: int | None = None, pace: str = "replay") -> FeedPlan:
     """Stage the arrival folders of a feed of ``rate`` tuples/s (all sources together) for ``duration`` seconds
     from the wall-clock epoch ``start`` (rounded down to a multiple of ``cycle``) under ``<lake>/.feed-staging``.
     ``columns``: ``query`` (the columns the workload's queries read) or ``all``. ``rows_per_file``: split a
@@ -165,6 +180,8 @@ def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, 
     n_cycles = int(math.ceil(float(duration) / cycle))
     if n_cycles < 1:
         raise WorkloadError(f"{duration!r} must be at least one cycle ({cycle} s)", "--duration")
+    if pace not in PACES:
+        raise WorkloadError(f"{pace!r}: use {' or '.join(PACES)}", "--pace")
     if columns not in ("query", "all"):
         raise WorkloadError(f"{columns!r}: use query or all", "--columns")
     start = int(math.floor(float(start) / cycle) * cycle)
@@ -203,45 +220,79 @@ def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, 
     ts_name = {s: _event_column(manifest, s) for s in sources}
     ts_type = {s: tables[s].schema.field(ts_name[s]).type for s in sources}
 
-    total = int(round(rate * cycle * n_cycles))
-    passes = int(math.ceil(total / n)) if total else 0
-    plan = FeedPlan(lake=lake.root, staging=staging, rate=float(rate), cycle=cycle, start=start,
-                    duration=n_cycles * cycle, passes=passes, key_span=key_span, key_columns=key_cols)
-    for j in range(n_cycles):
-        e = start + j * cycle
-        a, b = int(round(rate * cycle * j)), int(round(rate * cycle * (j + 1)))  # global positions [a, b)
-        for s in sources:
-            pieces = []
-            for p in range(a // n, (b - 1) // n + 1 if b > a else a // n):
-                lo, hi = np.searchsorted(pos[s], [a - p * n, b - p * n])
-                if hi <= lo:
+    def write(s: str, e: int, t: pa.Table) -> None:
+        folder = os.path.join(staging, s, f"arrival={e}")
+        os.makedirs(folder)
+        step = rows_per_file or t.num_rows
+        files = 0
+        for f, lo in enumerate(range(0, t.num_rows, step)):
+            pq.write_table(t.slice(lo, step), os.path.join(folder, f"part-{f:05d}.parquet"))
+            files += 1
+        plan.folders.append(Folder(s, e, t.num_rows, files))
+
+    def shifted(t: pa.Table, s: str, ts, lane_offsets) -> pa.Table:
+        i = t.column_names.index(ts_name[s])
+        t = t.set_column(i, ts_name[s], pa.array(ts, pa.timestamp("us", tz="UTC")).cast(ts_type[s]))
+        if lane_offsets is not None:
+            for c in key_cols[s]:
+                i = t.column_names.index(c)
+                col = t.column(c)
+                t = t.set_column(i, c, pc.add(col, pa.array(lane_offsets).cast(col.type)))
+        return t
+
+    if pace == "replay":
+        # lanes: the replay shifted in time by a lane's start and in keys by lane x key_span; a new lane every
+        # n / rate seconds, so rate / (n / replay length) lanes run at once; lanes started before `start` are
+        # already under way (their rows before `start` are not fed)
+        span_us = int(round((manifest.end_epoch - manifest.start_epoch) * MICROS))
+        tau = {s: ts_us[s] - int(round(manifest.start_epoch * MICROS)) for s in sources}
+        delta_us = n * MICROS / float(rate)
+        lanes = int(math.ceil((n_cycles * cycle * MICROS + span_us) / delta_us))
+        lane_start = (np.arange(lanes, dtype=np.float64) * delta_us - span_us).astype(np.int64)
+        plan = FeedPlan(lake=lake.root, staging=staging, rate=float(rate), cycle=cycle, start=start,
+                        duration=n_cycles * cycle, passes=lanes, key_span=key_span, key_columns=key_cols,
+                        pace=pace, lane_seconds=delta_us / MICROS, replay_seconds=span_us / MICROS)
+        for j in range(n_cycles):
+            e = start + j * cycle
+            r0, r1 = j * cycle * MICROS, (j + 1) * cycle * MICROS
+            for s in sources:
+                lo = np.searchsorted(tau[s], r0 - lane_start)
+                hi = np.searchsorted(tau[s], r1 - lane_start)
+                counts = hi - lo
+                total = int(counts.sum())
+                if not total:
                     continue
-                piece = tables[s].slice(lo, hi - lo)
-                k = pos[s][lo:hi] + p * n
-                ts = start * MICROS + (k * MICROS / rate).astype(np.int64)
-                i = piece.column_names.index(ts_name[s])
-                piece = piece.set_column(i, ts_name[s], pa.array(ts, pa.timestamp("us", tz="UTC")).cast(ts_type[s]))
-                if p:
-                    for c in key_cols[s]:
-                        i = piece.column_names.index(c)
-                        col = piece.column(c)
-                        piece = piece.set_column(i, c, pc.add(col, pa.scalar(p * key_span, col.type)))
-                pieces.append(piece)
-            if not pieces:
-                continue
-            t = pa.concat_tables(pieces)
-            folder = os.path.join(staging, s, f"arrival={e}")
-            os.makedirs(folder)
-            step = rows_per_file or t.num_rows
-            files = 0
-            for f, lo in enumerate(range(0, t.num_rows, step)):
-                pq.write_table(t.slice(lo, step), os.path.join(folder, f"part-{f:05d}.parquet"))
-                files += 1
-            plan.folders.append(Folder(s, e, t.num_rows, files))
+                lane = np.repeat(np.arange(lanes, dtype=np.int64), counts)
+                first = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+                idx = first + np.arange(total, dtype=np.int64)
+                order = np.argsort(lane_start[lane] + tau[s][idx], kind="stable")  # event-time order in the file
+                idx, lane = idx[order], lane[order]
+                t = tables[s].take(pa.array(idx))
+                write(s, e, shifted(t, s, start * MICROS + lane_start[lane] + tau[s][idx], lane * key_span))
+    else:
+        # compressed: the k-th row of the replay's order at start + k / rate, passes one after another
+        plan = FeedPlan(lake=lake.root, staging=staging, rate=float(rate), cycle=cycle, start=start,
+                        duration=n_cycles * cycle, passes=int(math.ceil(rate * cycle * n_cycles / n)),
+                        key_span=key_span, key_columns=key_cols, pace=pace)
+        for j in range(n_cycles):
+            e = start + j * cycle
+            a, b = int(round(rate * cycle * j)), int(round(rate * cycle * (j + 1)))  # global positions [a, b)
+            for s in sources:
+                pieces = []
+                for p in range(a // n, (b - 1) // n + 1 if b > a else a // n):
+                    lo, hi = np.searchsorted(pos[s], [a - p * n, b - p * n])
+                    if hi <= lo:
+                        continue
+                    k = pos[s][lo:hi] + p * n
+                    ts = start * MICROS + (k * MICROS / rate).astype(np.int64)
+                    pieces.append(shifted(tables[s].slice(lo, hi - lo), s, ts,
+                                          np.full(hi - lo, p * key_span, dtype=np.int64) if p else None))
+                if pieces:
+                    write(s, e, pa.concat_tables(pieces))
     plan.prepare_seconds = time.perf_counter() - t_prep
     Path(staging, PLAN).write_text(json.dumps(plan.to_dict()) + "\n")
-    log.info("staged %d rows in %d folders (%d passes of the replay) in %.1f s", plan.rows, len(plan.folders),
-             passes, plan.prepare_seconds)
+    log.info("staged %d rows in %d folders (%s pace, %d lanes or passes) in %.1f s", plan.rows, len(plan.folders),
+             pace, plan.passes, plan.prepare_seconds)
     return plan
 
 
