@@ -132,6 +132,10 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
 
     # run 1 (interval [2, 3) periods): good statistics, the Spark jobs marked success -> v1 deployed, assets emitted
     stats_history(lake, 3 * per_period)
+    # an evaluation report where mjoin_evaluate writes it (its own namespace): each run's outcome links to it
+    report = Path(Lake(lake.root, "eval/evaluate").reports(QUERY)) / "evaluation" / "index.html"
+    report.parent.mkdir(parents=True)
+    report.write_text("<html><body><h1>mjoin evaluation report</h1><p>strategies ranked by engine CPU</p></body></html>")
     proc = dags_test(env, "mjoin_reoptimize", logical(3), world["conf"], mark_success="^(join|collect_statistics)$",
                      log=world["log"])
     first = json.loads(fsutil.read_text(fsutil.join(lake.reports(QUERY), "runs",
@@ -139,6 +143,7 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
     assert first["status"] == "deployed", (first, proc.stdout[-3000:])
     assert first["links"]["plan"].endswith(f"/mjoin/plans/{QUERY}/1")
     assert first["links"]["data_docs"] == {}  # every gate passed: results stored, no page rendered (the default)
+    assert first["links"]["report"].endswith(f"/mjoin/files/live/eval~evaluate/{QUERY}/evaluation/index.html")
 
     # run 2 (interval [3, 4)): impossible statistics -> the statistics gate fails, named in the log's last lines
     stats_history(lake, 4 * per_period, bad_from=3 * per_period)
@@ -185,6 +190,8 @@ def test_data_docs_links_assets_and_a_drift_triggered_run_in_the_browser(world, 
             anchors = {a.text: a.get_attribute("href") for a in browser.driver.find_elements("css selector",
                                                                                              "table.mjoin-links a")}
             assert anchors["plan v1"].endswith(f"/mjoin/plans/{QUERY}/1")
+            text = browser.open(anchors["evaluation report"], expect=("mjoin evaluation report",))
+            assert "strategies ranked by engine CPU" in text
             text = browser.open(anchors["plan v1"], expect=('"version"',))
             assert '"version": 1' in text.replace('":1', '": 1') and '"active": true' in text.replace('":true', '": true')
             # the outcome's link (recorded with the base the run had: the path is what a user follows here)

@@ -54,8 +54,13 @@ def plan_url(query: str, version, base: str | None = None) -> str:
     return f"{base if base is not None else base_url()}/mjoin/plans/{_quote(query)}/{int(version)}"
 
 
-def report_url(query: str, name: str, base: str | None = None) -> str:
-    return f"{base if base is not None else base_url()}/mjoin/reports/{_quote(query)}/{_quote(name)}"
+def report_url(query: str, name: str, base: str | None = None, namespace: str = "") -> str:
+    """A file of ``query``'s report folder: the live namespace's through ``/mjoin/reports``, another namespace's
+    (``eval/evaluate``: mjoin_evaluate's reports) through ``/mjoin/files/live/<namespace>``."""
+    base = base if base is not None else base_url()
+    if namespace:
+        return f"{base}/mjoin/files/{LIVE}/{namespace_token(namespace)}/{_quote(query)}/{_quote(name)}"
+    return f"{base}/mjoin/reports/{_quote(query)}/{_quote(name)}"
 
 
 def task_docs_url(dag_id: str, run_id: str, task_id: str, base: str | None = None) -> str:
@@ -89,10 +94,23 @@ def task_page(run_dir: str, gate: str) -> str | None:
         return None
 
 
-def newest_report(lake: Lake, query: str) -> str | None:
-    """The newest evaluation report (``<lake>[/<ns>]/reports/<query>/*.html``) by name, or None."""
-    names = sorted(n for n in fsutil.listdir(lake.reports(query)) if n.endswith(".html") and not n.startswith("."))
-    return names[-1] if names else None
+def newest_report(lake: Lake, query: str) -> tuple[str, str] | None:
+    """The newest evaluation report of ``query`` in the lake, whichever namespace holds it (mjoin_evaluate writes
+    to ``eval/evaluate``, the demo to its own): ``(namespace, name)``, ``name`` relative to that namespace's
+    ``reports/<query>/`` (``evaluation/index.html``, or a ``*.html`` there), or None. Newest by modification
+    time (on a lake on a URL, mjoin_evaluate's first)."""
+    spaces = [""] + [f"eval/{n}" for n in sorted(fsutil.listdir(fsutil.join(lake.root, "eval"))) if not n.startswith(".")]
+    found = []
+    for ns in spaces:
+        folder = Lake(lake.root, ns).reports(query)
+        names = [n for n in fsutil.listdir(folder) if n.endswith(".html") and not n.startswith(".")]
+        if fsutil.exists(fsutil.join(folder, "evaluation", "index.html")):
+            names.append("evaluation/index.html")
+        for name in names:
+            path = fsutil.join(folder, name)
+            when = float(ns == "eval/evaluate") if fsutil.is_url(path) else os.path.getmtime(path)
+            found.append((when, ns, name))
+    return max(found)[1:] if found else None
 
 
 def run_links(lake: Lake, query: str, gate_docs: dict, version, base: str | None = None) -> dict:
@@ -110,7 +128,7 @@ def run_links(lake: Lake, query: str, gate_docs: dict, version, base: str | None
         out["plan"] = plan_url(query, version, base)
     report = newest_report(lake, query)
     if report:
-        out["report"] = report_url(query, report, base)
+        out["report"] = report_url(query, report[1], base, namespace=report[0])
     return out
 
 
