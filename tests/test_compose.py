@@ -270,7 +270,7 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
     images = base_images()
     timings["base images (cached when made before)"] = time.monotonic() - t
     dep = Deployment(tmp_path / "mjoin", images, tmp_path / "compose.log")
-    stream_job = None
+    stream_job, checked = None, False
     try:
         # ---- up, as the user types it, and healthy
         t = time.monotonic()
@@ -420,6 +420,7 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
             % (STREAM_NS, QUERY, f"{INTERVAL_OUT}/results/{QUERY}", QUERY))
         assert got["where"] == ["executors"]
         assert got["interval"]["rows"] > 1000 and got["stream"] == got["interval"], got
+        checked = True  # every check above held (the results file says so)
     finally:
         if stream_job is not None and stream_job.poll() is None:
             stream_job.kill()
@@ -428,11 +429,13 @@ def test_compose_deployment_reoptimizes_streams_through_a_worker_kill_and_goes_d
         timings["down -v"] = time.monotonic() - t
         print("compose timings: " + json.dumps({k: round(v, 1) for k, v in timings.items()}))
         if os.environ.get("MJOIN_COMPOSE_RESULTS"):  # `make test-compose COMPOSE_RESULTS=...`: kept as a benchmark
-            _write_results(os.environ["MJOIN_COMPOSE_RESULTS"], timings, images, load_before)
+            _write_results(os.environ["MJOIN_COMPOSE_RESULTS"], timings, images, load_before,
+                           passed=checked and left == [], left=left)
     assert left == [], f"left by `docker compose down -v` of {NAME}: {left}"
 
 
-def _write_results(path: str, timings: dict, images: dict, load_before) -> None:
+def _write_results(path: str, timings: dict, images: dict, load_before, passed: bool = False,
+                   left: list | None = None) -> None:
     """The test's timings with the machine, its load, the versions, the commit and the date (a results file)."""
     def out(*cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
@@ -443,7 +446,9 @@ def _write_results(path: str, timings: dict, images: dict, load_before) -> None:
            "versions": {"docker_engine": out("docker", "version", "--format", "{{.Server.Version}}"),
                         "docker_compose": out("docker", "compose", "version", "--short")},
            "images": images, "seconds": {k: round(v, 1) for k, v in timings.items() if "MB" not in k},
-           "image_size_mb": round(timings.get("image size (MB)", 0))}
+           "image_size_mb": round(timings.get("image size (MB)", 0)),
+           # written also when a check failed (the timings up to it): whether every check held and nothing was left
+           "passed": passed, "left_after_down": left}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
