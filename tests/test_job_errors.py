@@ -59,6 +59,13 @@ def test_the_cause_is_found_in_chains_and_in_relayed_text():
         "job (it continues from its checkpoint)")
     assert filesystem_failure(RuntimeError("java.io.IOException: No space left on device")) == Failure(NOSPC, None)
     assert filesystem_failure(ValueError("a bad plan"), None) is None
+    # a permission error (the tests run as root: no chmod makes one), raised and as Spark relays it
+    denied = os.strerror(errno.EACCES)
+    assert filesystem_failure(PermissionError(errno.EACCES, denied, "/l/state/q")).line() == (
+        f"the join job failed: {denied} (at /l/state/q); give the job's user write access, then restart the job")
+    assert filesystem_failure(RuntimeError(
+        "org.apache.hadoop.security.AccessControlException: x\njava.nio.file.AccessDeniedException: "
+        "/l/checkpoints/q/commits/.3.tmp")) == Failure(denied, "/l/checkpoints/q/commits/.3.tmp")
     # the job's own first error wins over what Spark made of it
     assert filesystem_failure(OSError(errno.ENOSPC, NOSPC, "/l/state/q/v3"), java).path == "/l/state/q/v3"
 

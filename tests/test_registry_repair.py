@@ -135,6 +135,7 @@ def test_plans_cli_lists_repairs_and_refuses(lake, seed_query, capsys):
     assert "cannot roll back to v2" in capsys.readouterr().err and reg.active_version() == 3
     damage(reg, "{}")
     assert plans(lake, "activate", "--version", "1") == 0 and reg.active_version() == 1
+    assert "v1 (no valid ACTIVE before)" in capsys.readouterr().out  # (it said "was vNone")
     bad = invalid_version(reg, seed_query)
     assert plans(lake, "activate", "--version", str(bad)) == 2
     assert "no probe order for stream cr" in capsys.readouterr().err and reg.active_version() == 1

@@ -85,7 +85,8 @@ def run(args) -> int:
             if args.version is None:
                 raise UserError("activate needs --version N")
             rec = reg.activate(args.version, by=args.by, query=query)
-            print(f"activated {query.name} v{rec.version} (was v{rec.previous})")
+            was = f"was v{rec.previous}" if rec.previous is not None else "no valid ACTIVE before"
+            print(f"activated {query.name} v{rec.version} ({was})")
         elif args.action == "repair":
             rec, changed = reg.repair(by=args.by, query=query)
             if rec is None:
