@@ -265,3 +265,36 @@ def test_configured_allowance_and_arrival_cycle(spark, staged, clean, seed_query
     s2 = run_stream(spark, seed_query, lake2, config=EngineConfig(buckets=4, arrival_cycle=10.0))
     assert s2.quarantined["sr"].get("future") == 4
     assert {r["future_allowance"] for r in read_metrics(lake2, seed_query.name)} == {20.0}
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not fixed: the arrival cycle is inferred from two "
+                   "folders of a source, so a run over one folder per source judges no row future (the file is "
+                   "accepted, and every later row is late); the fix belongs in the job's allowance (mjoin.engine.stream)")
+def test_a_job_started_on_the_first_folders_judges_them_as_future(spark, staged, clean, seed_query, tmp_path):
+    """A young lake: every source has landed one folder when the job first runs (a cycle-mode run, or a job started
+    as the feed starts), so the lake's arrival cycle cannot be inferred yet. A file ten years ahead in such a folder
+    must still be quarantined whole as ``future`` and move no watermark; the rest lands and a second run joins it
+    without a late row, the results the clean lake's."""
+    stage, info = staged
+    lake = Lake(str(tmp_path / "lake"))
+    for t in TPCDS_TABLES:
+        first = stage.arrivals(t)[0]
+        shutil.copytree(stage.arrival_dir(t, first), lake.arrival_dir(t, first))
+    arrival = stage.arrivals("store_returns")[0]
+    bad = os.path.join(lake.arrival_dir("store_returns", arrival), "part-00001.parquet")
+    pq.write_table(shifted(pq.read_table(lake.stream_file("store_returns", arrival)), TEN_YEARS), bad)
+    bad_rows = pq.read_metadata(bad).num_rows
+    s1 = run_stream(spark, seed_query, lake, config=EngineConfig(buckets=4, max_files_per_trigger=8))
+    for t in TPCDS_TABLES:
+        for a in stage.arrivals(t)[1:]:
+            shutil.copytree(stage.arrival_dir(t, a), lake.arrival_dir(t, a))
+    s2 = run_stream(spark, seed_query, lake, config=EngineConfig(buckets=4, max_files_per_trigger=8))
+    records = read_metrics(lake, seed_query.name)
+    future = sum(x.quarantined["sr"].get("future", 0) for x in (s1, s2))
+    late = sum(v.get("late", 0) for x in (s1, s2) for v in x.quarantined.values())
+    assert (future, late) == (bad_rows, 0)
+    (rej,) = [f for r in records for f in r["quarantined_files"]]
+    assert (rej["path"], rej["rule"]) == (bad, "input.event_time_not_future")
+    no_watermark_beyond_the_data(records, info)
+    same_results(lake, clean, seed_query, "a file ten years ahead in a young lake's first folder")
