@@ -119,6 +119,20 @@ def test_a_second_start_is_refused_before_spark_starts(tmp_path, monkeypatch, ca
     assert st["recorded_state"] == "running" and not st["running"]  # the holder's; the refused start wrote nothing
 
 
+def test_job_status_names_the_plan_of_the_last_batch(tmp_path, capsys):
+    """The spec's order has no version: ``(plan default)``, not ``(plan default vNone)``."""
+    lake = Lake(str(tmp_path / "lake"))
+    control = JobControl(lake, QUERY)
+    claim = control.claim({"trigger": "availableNow", "engine": "mjoin"})
+    for source, version, shown in (("default", None, "(plan default)"), ("registry", 3, "(plan registry v3)")):
+        control.write("stopped", **claim.info, last_batch_id=4, last_batch_at="t", plan_source=source,
+                      plan_version=version, stopped_at="t2", reason="all landed data processed (availableNow)")
+        assert cli.main(["job", "status", "--query", QUERY, "--lake", lake.root]) == 3  # (stopped)
+        out = capsys.readouterr().out
+        assert f"last batch 4 at t {shown}" in out and "None" not in out, out
+    claim.release()
+
+
 # ---- read-only folders and a full disk, on Spark ---------------------------------------------------------------
 
 

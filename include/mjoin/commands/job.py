@@ -53,8 +53,9 @@ def describe(st: dict) -> str:
         head += (f"; run {st['run_id']}, pid {st.get('pid')} on {st.get('host')} since {st.get('started_at')}, "
                  f"{trig}")
         if st.get("last_batch_id") is not None:
+            version = st.get("plan_version")  # none for the spec's order (source default)
             head += (f"; last batch {st['last_batch_id']} at {st.get('last_batch_at')} "
-                     f"(plan {st.get('plan_source')} v{st.get('plan_version')})")
+                     f"(plan {st.get('plan_source')}{'' if version is None else f' v{version}'})")
         else:
             head += "; no batch finished in this run"
         if st.get("batch_in_progress") is not None:
