@@ -1,6 +1,6 @@
 """`python -m mjoin airflow --live` (what `make airflow` runs) as a user starts and stops it: it starts without the
-warnings a user would have to act on, serves the UI on this machine only, and stops with everything it started,
-the live feed included, within 10 s of Ctrl-C or SIGTERM."""
+warnings a user would have to act on, serves the UI on this machine only, takes a backfill created while it runs,
+and stops with everything it started, the live feed included, within 10 s of Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,16 @@ def test_make_airflow_starts_quietly_and_stops_within_10_s(tmp_path):
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not (tmp_path / "lake" / "reports").exists():
             time.sleep(2)
+        # a backfill created as a live user does, while the scheduler writes (README, "Backfills"): it is made
+        now = datetime.now(timezone.utc)
+        backfill = subprocess.run(
+            [sys.executable, "-m", "mjoin", "airflow-cli", "--home", str(tmp_path / "home"), "--lake",
+             str(tmp_path / "lake"), "backfill", "create", "--dag-id", "mjoin_reoptimize",
+             "--from-date", (now - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "--to-date", now.strftime("%Y-%m-%dT%H:%M:%SZ"), "--max-active-runs", "1",
+             "--reprocess-behavior", "completed"], env=env, cwd=PROJECT, capture_output=True, text=True, timeout=300)
+        assert backfill.returncode == 0 and "Created backfill Dag run" in backfill.stdout, \
+            (backfill.stdout + backfill.stderr)[-3000:]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=30) as r:
             health = json.loads(r.read())
         assert health["scheduler"]["status"] == "healthy", health
