@@ -261,7 +261,16 @@ class Committed:
             self.batches[b] = {"committed": commits[b], "newest_arrival": (rec.get("arrivals") or [None, None])[1],
                                "rows_in": sum((rec.get("rows_in") or {}).values()),
                                "plan_version": rec.get("plan_version"), "wall_seconds": rec.get("wall_seconds"),
-                               "result_rows": rec.get("result_rows")}
+                               "result_rows": rec.get("result_rows"),
+                               # where a batch's time goes (the engine's own account; the lake is removed after a run)
+                               "prepare_seconds": rec.get("prepare_seconds"), "task_seconds": rec.get("task_seconds"),
+                               "task_cpu_seconds": rec.get("task_cpu_seconds"),
+                               "state_write_seconds": rec.get("state_write_seconds"),
+                               "state_load_seconds": rec.get("state_load_seconds"),
+                               "stage_seconds": rec.get("stage_seconds"),
+                               "state_tuples": sum((rec.get("state_tuples") or {}).values()),
+                               "where": (rec.get("execution") or {}).get("where"),
+                               "job_stats_task_cpu_seconds": (rec.get("job_stats") or {}).get("task_cpu_seconds")}
         return self.batches
 
     def newest_arrival(self):
@@ -491,6 +500,7 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
                    job_cpu_seconds=round(job_cpu, 3), job_cpu_by_command=job_tree.by_command(),
                    job_cpu_seconds_while_feeding=round(job_cpu - (cpu0 or 0.0), 3),
                    batches=len(batches), batches_with_input=len(lat), latency=lat, lag=lag,
+                   batch_records={str(b): v for b, v in sorted(batches.items())},
                    plan_versions=sorted({b.get("plan_version") for b in batches.values()
                                          if b.get("plan_version") is not None}))
         if system == "mjoin-loop":
@@ -582,7 +592,7 @@ def summarize(runs_dir: Path, out: Path) -> dict:
         d = json.loads(f.read_text())
         d["_file"] = f.name
         docs.append(d)
-    sustainable, p50, p99, evidence = {}, {}, {}, {}
+    sustainable, p50, p99, evidence, brackets = {}, {}, {}, {}, {}
     for d in docs:
         w, k = d["workload"], SYSTEM_KEYS[d["system"]]
         evidence.setdefault(w, {}).setdefault(k, []).append(
@@ -600,15 +610,26 @@ def summarize(runs_dir: Path, out: Path) -> dict:
             ok = [r for r in rs if r["sustained"]]
             best = max(ok, key=lambda r: r["rate"]) if ok else None
             sustainable.setdefault(w, {})[k] = best["rate"] if best else 0
+            above = [r["rate"] for r in rs if not r["sustained"] and (best is None or r["rate"] > best["rate"])]
+            brackets.setdefault(w, {})[k] = [best["rate"] if best else 0, min(above) if above else None]
             p50.setdefault(w, {})[k] = round(best["latency_p50_s"], 2) if best else None
             p99.setdefault(w, {})[k] = round(best["latency_p99_s"], 2) if best else None
     checked = [d.get("identical_results") for d in docs if d.get("identical_results") is not None]
+    by_system: dict = {}
+    for d in docs:
+        if d.get("identical_results") is not None:
+            by_system.setdefault(SYSTEM_KEYS[d["system"]], {})[str(int(d["rate"]))] = (
+                True if d["identical_results"] else
+                f"false: {d['fingerprint']['rows']} result rows vs the interval run's {d['interval_fingerprint']['rows']}")
     loads = [x for d in docs for x in (d["load_average_before"][0], d["load_average_after"][0])]
     doc = {
         "sustainable_tuples_per_s": sustainable, "latency_p50_s": p50, "latency_p99_s": p99,
+        "sustainable_bracket": {"what": "[highest rate sustained, lowest rate above it not sustained (null: none "
+                                        "tried, so the figure is a lower bound)]", **brackets},
         "identical_results": all(checked) if checked else None,
         "identical_results_checked": f"{sum(1 for c in checked if c)} of {len(checked)} runs that caught up "
                                      f"(the others are a prefix of the feed)",
+        "identical_results_by_system_and_rate": by_system,
         "runs": evidence,
         "method": {"run_length_s": sorted({d["duration_s"] for d in docs}), "rounds": 1,
                    "trigger_s": sorted({d["trigger_s"] for d in docs}), "arrival_cycle_s": CYCLE,
