@@ -359,6 +359,10 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
     if system == "flink_multijoin":
         raise SystemExit("flink_multijoin is not wired into the live harness yet (bench/live/README.md)")
     query = WORKLOADS[workload]
+    # the code the run ran: the commit and the files changed beside it (the working tree is shared)
+    worktree = subprocess.run(["git", "-C", str(PROJECT), "status", "--porcelain", "--", "include", "jobs", "bench/live"],
+                              capture_output=True, text=True).stdout.split("\n")
+    worktree = [x.strip() for x in worktree if x.strip()]
     replay = Path(replay) if replay else ensure_workload(workload, work)
     from mjoin.workloads.manifest import load_manifest
 
@@ -534,7 +538,7 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
             stop_services(airflow_ctx, loop_procs)
         if feeder is not None:
             feeder.join(5)
-    doc.update(machine=machine(), versions=versions(), commit=git_commit(PROJECT))
+    doc.update(machine=machine(), versions=versions(), commit=git_commit(PROJECT), worktree_changes=worktree)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = out / f"{workload}-{system}-{int(rate)}-{stamp}.json"
@@ -607,10 +611,12 @@ def summarize(runs_dir: Path, out: Path) -> dict:
     for w, systems in evidence.items():
         for k, rs in systems.items():
             rs.sort(key=lambda r: r["rate"])
-            ok = [r for r in rs if r["sustained"]]
-            best = max(ok, key=lambda r: r["rate"]) if ok else None
+            # a rate counts as sustained when every round at it was (several rounds at one rate may disagree)
+            failed_at = {r["rate"] for r in rs if not r["sustained"]}
+            ok = [r for r in rs if r["rate"] not in failed_at]
+            best = max(ok, key=lambda r: (r["rate"], -(r["latency_p99_s"] or 0))) if ok else None
             sustainable.setdefault(w, {})[k] = best["rate"] if best else 0
-            above = [r["rate"] for r in rs if not r["sustained"] and (best is None or r["rate"] > best["rate"])]
+            above = [x for x in failed_at if best is None or x > best["rate"]]
             brackets.setdefault(w, {})[k] = [best["rate"] if best else 0, min(above) if above else None]
             p50.setdefault(w, {})[k] = round(best["latency_p50_s"], 2) if best else None
             p99.setdefault(w, {})[k] = round(best["latency_p99_s"], 2) if best else None
