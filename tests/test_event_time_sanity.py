@@ -48,6 +48,9 @@ def test_arrival_cycle_is_the_most_common_gap():
     assert contract.future_allowance(None, 10) == 2 * 10 == contract.FUTURE_CYCLES * 10
     assert contract.future_allowance(45.0, 10) == 45.0 and contract.future_allowance(float("inf"), 10) is None
     assert contract.future_allowance(None, None) is None
+    # a young lake (no source with two folders yet): the query's shortest window, unless configured
+    assert contract.future_allowance(None, None, 300.0) == 300.0 and contract.future_allowance(None, 10, 300.0) == 20
+    assert contract.future_allowance(float("inf"), None, 300.0) is None
     assert contract.future_from_us("/l/streams/s/arrival=100/part-00000.parquet", 20.0) == 120 * US
     assert contract.future_from_us("/l/streams/s/x.parquet", 20.0) is None
 
@@ -268,9 +271,6 @@ def test_configured_allowance_and_arrival_cycle(spark, staged, clean, seed_query
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not fixed: the arrival cycle is inferred from two "
-                   "folders of a source, so a run over one folder per source judges no row future (the file is "
-                   "accepted, and every later row is late); the fix belongs in the job's allowance (mjoin.engine.stream)")
 def test_a_job_started_on_the_first_folders_judges_them_as_future(spark, staged, clean, seed_query, tmp_path):
     """A young lake: every source has landed one folder when the job first runs (a cycle-mode run, or a job started
     as the feed starts), so the lake's arrival cycle cannot be inferred yet. A file ten years ahead in such a folder

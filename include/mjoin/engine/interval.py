@@ -42,7 +42,7 @@ from mjoin.engine.normalize import (ARRIVAL_SQL, add_counts, inspect_files, loca
 from mjoin.engine.pipelined import run_pipelined
 from mjoin.engine.routing import route_local
 from mjoin.engine.sparkplan import apply_engine_conf, restore_conf
-from mjoin.lake.contract import Seen, arrival_cycle, future_allowance
+from mjoin.lake.contract import Seen, arrival_cycle, future_allowance, young_allowance
 from mjoin.model.timeutil import iso, to_micros
 from mjoin.runtime import fsutil
 
@@ -199,7 +199,8 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
         if s.source not in landed:
             landed[s.source] = in_lake.landed(s.source)
     files = {s.name: [p for _, p, kind in landed[s.source] if kind == "data"] for s in query.streams}
-    allowance, arrival_cycle = future_allowance_of(config, [[a for a, _, _ in entries] for entries in landed.values()])
+    allowance, arrival_cycle = future_allowance_of(config, [[a for a, _, _ in entries] for entries in landed.values()],
+                                                  query)
     inspected = inspect_files(query, eq, files, Seen(), future_allowance=allowance)  # duplicates within the interval's
     pruned = inspected.prune_outside(eq.window_us, start_us, end_us)  # files no row of which is read
     if pruned:
@@ -225,13 +226,14 @@ def read_interval(spark, query, eq, in_lake, out_lake, start, end, cycle, driver
                          local_seconds, inspected.collect_unreadable, pruned)
 
 
-def future_allowance_of(config: EngineConfig | None, epochs) -> tuple[float | None, float | None]:
-    """``(future allowance in seconds or None, arrival cycle or None)`` of a run: ``config.future_allowance``
-    if set, else :data:`mjoin.lake.contract.FUTURE_CYCLES` arrival cycles, the cycle ``config.arrival_cycle``
-    or the lake's (:func:`mjoin.lake.contract.arrival_cycle` of ``epochs``: per source, its arrival epochs)."""
+def future_allowance_of(config: EngineConfig | None, epochs, query) -> tuple[float | None, float | None]:
+    """``(future allowance in seconds or None, arrival cycle or None)`` of a run of ``query``:
+    ``config.future_allowance`` if set, else :data:`mjoin.lake.contract.FUTURE_CYCLES` arrival cycles, the cycle
+    ``config.arrival_cycle`` or the lake's (:func:`mjoin.lake.contract.arrival_cycle` of ``epochs``: per source,
+    its arrival epochs), else the query's shortest window (:func:`mjoin.lake.contract.young_allowance`)."""
     config = config or EngineConfig()
     cycle = config.arrival_cycle if config.arrival_cycle is not None else arrival_cycle(epochs)
-    return future_allowance(config.future_allowance, cycle), cycle
+    return future_allowance(config.future_allowance, cycle, young_allowance(query)), cycle
 
 
 def _read_local(query, eq, inspected, start_us: int, end_us: int, cycle_us: int) -> pa.Table:

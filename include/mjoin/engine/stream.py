@@ -57,6 +57,20 @@ from mjoin.runtime import fsutil
 log = logging.getLogger(__name__)
 
 
+
+def young_cap(batch_max: dict, entries, by_source: dict) -> dict:
+    """A batch's largest accepted event times with each stream's capped at the newest arrival epoch (micros) it
+    read: while the lake's arrival cycle is unknown (a young lake) the future allowance is a window
+    (:func:`mjoin.lake.contract.young_allowance`), so a row that far ahead may be accepted, but it moves no
+    watermark past its folder: a later folder's rows are not late because of it (docs/engine.md, "Semantics")."""
+    newest: dict = {}
+    for e in entries:
+        for n in by_source.get(e.source, ()):
+            if e.arrival is not None:
+                newest[n] = max(newest.get(n, e.arrival), e.arrival)
+    return {s: v if v is None or s not in newest else min(int(v), newest[s] * 1_000_000) for s, v in batch_max.items()}
+
+
 @dataclass
 class StreamSummary:
     query: str
@@ -242,7 +256,7 @@ class StreamJob:
                 if m and source in self.by_source:
                     per.setdefault(source, []).append(int(m.group(1)))
             cycle = contract.arrival_cycle(per.values())
-        return future_allowance_of(replace(self.config, arrival_cycle=cycle), ())
+        return future_allowance_of(replace(self.config, arrival_cycle=cycle), (), self.query)
 
     def files_by_stream(self, entries) -> tuple[dict, int]:
         """Stream -> landed files of a batch (the source's rows, in arrival order); files of sources no
@@ -396,7 +410,8 @@ class StreamJob:
             for rej in inspected.rejects:
                 if rej.rule == "input.files_readable":
                     seen.forget(rej.stream, rej.path)
-            after = marks.advance(done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us, promised)
+            after = marks.advance(young_cap(done.max_ts_by_stream, entries, self.by_source) if cycle is None
+                                  else done.max_ts_by_stream, eq.streams, eq.lateness_us, self.idle_us, promised)
             # duplicates are remembered while they could still double-count: until the job's watermark
             # passes every row of the file (a copy of it then is late row by row; docs/engine.md)
             for f in seen.files:

@@ -58,7 +58,8 @@ from mjoin.gates.config import DEFAULT_POSITIONAL, GateConfig, GateConfigError
 from mjoin.gates.result import GateResult
 from mjoin.gates.suites import input_cycles_suite, input_files_suite
 from mjoin.lake.contract import (US, FileFacts, Seen, arrival_cycle, file_size, footer_fingerprint, future_allowance,
-                                 future_from_us, future_problem, inspect as inspect_file, to_epoch_seconds, type_problem)
+                                 future_from_us, future_problem, inspect as inspect_file, to_epoch_seconds, type_problem,
+                                 young_allowance)
 from mjoin.model.timeutil import cycles as cycle_starts, iso, parse_duration, parse_time
 from mjoin.runtime import fsutil
 
@@ -411,9 +412,9 @@ def _future_s(arrival: int, allowance: float | None) -> float | None:
 def lake_future_allowance(query, lake, cfg: GateConfig) -> tuple[float | None, float | None]:
     """``(future allowance in seconds or None, the lake's arrival cycle or None)``: ``cfg.future_allowance``,
     else two of the lake's arrival cycles inferred from every arrival folder of the query's sources, as the join
-    engine infers them (:func:`mjoin.lake.contract.arrival_cycle`)."""
+    engine infers them (:func:`mjoin.lake.contract.arrival_cycle`), else the query's shortest window."""
     cycle = arrival_cycle([lake.arrivals(src) for src in dict.fromkeys(s.source for s in query.streams)])
-    return future_allowance(cfg.future_allowance, cycle), cycle
+    return future_allowance(cfg.future_allowance, cycle, young_allowance(query)), cycle
 
 
 def judge_rows(rows: list[dict], history: dict, cfg: GateConfig, quiet: set) -> None:

@@ -601,12 +601,20 @@ def arrival_cycle(epochs) -> int | None:
     return min(g for g, c in counts.items() if c == top)
 
 
-def future_allowance(configured: float | None, cycle: float | None) -> float | None:
+def future_allowance(configured: float | None, cycle: float | None, young: float | None = None) -> float | None:
     """Seconds after an arrival folder's epoch from which an event time is future: ``configured`` (seconds;
-    ``inf``: no check), else :data:`FUTURE_CYCLES` arrival cycles; None: no check (neither is known)."""
+    ``inf``: no check), else :data:`FUTURE_CYCLES` arrival cycles, else (a young lake: no source has two
+    folders yet, the cycle is unknown) ``young`` (:func:`young_allowance`); None: no check."""
     if configured is not None:
         return None if math.isinf(configured) else float(configured)
-    return None if not cycle else FUTURE_CYCLES * float(cycle)
+    return young if not cycle else FUTURE_CYCLES * float(cycle)
+
+
+def young_allowance(query) -> float:
+    """The future allowance while the lake's arrival cycle is unknown: the query's shortest window. No legitimate
+    row is that far ahead of its folder (an arrival cycle is shorter than a window), and a file ten years ahead
+    in a young lake's first folder is still quarantined (docs/workloads.md, "Event-time sanity")."""
+    return float(min(s.window for s in query.streams))
 
 
 def future_from_us(path_or_arrival, allowance: float | None) -> int | None:
