@@ -312,11 +312,6 @@ class _Stacked:
         found = sorted_keys[pos] == keys
         return (pos if look[0] == "sorted" else look[2][pos]), found
 
-    def ranges(self, keys: np.ndarray, seqs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """For each key: (first row, number of rows) holding it; count 0 when absent."""
-        idx, found = self.key_index(keys, seqs)
-        return self.starts[idx], np.where(found, self.counts[idx], 0)
-
     def by_time(self, g_row: np.ndarray | None, G: int):
         """The rows as sorted codes ``(key index, group, time)`` (``g_row``: each row's group when it is not a
         function of the key, else None), for counting a key's rows in a time range with two binary searches:

@@ -1,6 +1,6 @@
 """The in-job statistics' share of the join's task CPU, two code trees side by side on the same lake.
 
-    flock /tmp/mjoin-bench.lock .venv/bin/python bench/live/results/instate_ab.py \
+    flock /tmp/mjoin-bench.lock .venv/bin/python bench/live/instate_ab.py \
         --tree before=/path/to/old/checkout --tree after=. --lake 50=/tmp/lake-sf0.1 --lake 500=/tmp/lake-sf1
 
 Per lake (a live TPC-DS replay landed ahead, ``mjoin.workloads.live.run_live`` with 1200-s chunks: 10-s arrival
@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROJECT = HERE.parent.parent.parent
+PROJECT = HERE.parent.parent
 sys.path.insert(0, str(PROJECT / "include"))
 sys.path.insert(0, str(PROJECT / "bench"))
 
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=2, help="runs per tree and lake, alternating (2: before, after, after, before)")
     ap.add_argument("--reverse", action="store_true", help="start with the second tree")
     ap.add_argument("--buckets", type=int, default=16)
-    ap.add_argument("--out", default=str(HERE / "instate-ab.json"))
+    ap.add_argument("--out", default=str(HERE / "results" / "instate-ab.json"))
     args = ap.parse_args(argv)
     trees = [t.split("=", 1) for t in args.tree]
     lakes = [l.split("=", 1) for l in args.lake]
