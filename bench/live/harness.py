@@ -596,7 +596,7 @@ def summarize(runs_dir: Path, out: Path) -> dict:
         d = json.loads(f.read_text())
         d["_file"] = f.name
         docs.append(d)
-    sustainable, p50, p99, evidence, brackets = {}, {}, {}, {}, {}
+    sustainable, p50, p99, evidence, brackets, failed_below = {}, {}, {}, {}, {}, {}
     for d in docs:
         w, k = d["workload"], SYSTEM_KEYS[d["system"]]
         evidence.setdefault(w, {}).setdefault(k, []).append(
@@ -618,6 +618,9 @@ def summarize(runs_dir: Path, out: Path) -> dict:
             sustainable.setdefault(w, {})[k] = best["rate"] if best else 0
             above = [x for x in failed_at if best is None or x > best["rate"]]
             brackets.setdefault(w, {})[k] = [best["rate"] if best else 0, min(above) if above else None]
+            below = sorted(x for x in failed_at if best is not None and x < best["rate"])
+            if below:  # not monotone in the rate: the load moved under the runs
+                failed_below.setdefault(w, {})[k] = below
             p50.setdefault(w, {})[k] = round(best["latency_p50_s"], 2) if best else None
             p99.setdefault(w, {})[k] = round(best["latency_p99_s"], 2) if best else None
     total_cpu, cpu_detail = {}, {}
@@ -649,6 +652,7 @@ def summarize(runs_dir: Path, out: Path) -> dict:
         "sustainable_tuples_per_s": sustainable, "latency_p50_s": p50, "latency_p99_s": p99,
         "sustainable_bracket": {"what": "[highest rate sustained, lowest rate above it not sustained (null: none "
                                         "tried, so the figure is a lower bound)]", **brackets},
+        "not_sustained_below_the_sustained_rate": failed_below,
         "total_cpu_seconds": total_cpu,
         "total_cpu_detail": {"what": "CPU seconds over the feed's window (first to last sample while folders "
                                      "landed), from /proc every second: the join job's process tree and the "
