@@ -47,9 +47,9 @@ def run(args) -> int:
     try:
         duration = parse_duration(args.duration)
         rel = str(args.start).startswith("+")
-        # staging takes a while: stage for a provisional start, shifted onto the wall clock once staged
-        # is not possible (event times are in the files), so a relative start counts from an estimate
-        est = 10 + args.rate * duration / 1.5e6
+        # the event times are written into the staged files, so a relative start counts from when staging is
+        # estimated to end (~0.5 M rows/s here; folders due before staging ends land at once)
+        est = 10 + args.rate * duration / 5e5
         start = time.time() + est + parse_duration(args.start[1:]) if rel else float(args.start)
         start = math.ceil(start / args.cycle) * args.cycle
         print(f"staging {args.rate:g} tuples/s for {duration:g} s from {iso(start)} ...", flush=True)
