@@ -614,7 +614,7 @@ def summarize(runs_dir: Path, out: Path) -> dict:
             # a rate counts as sustained when every round at it was (several rounds at one rate may disagree)
             failed_at = {r["rate"] for r in rs if not r["sustained"]}
             ok = [r for r in rs if r["rate"] not in failed_at]
-            best = max(ok, key=lambda r: (r["rate"], -(r["latency_p99_s"] or 0))) if ok else None
+            best = max(ok, key=lambda r: (r["rate"], r["duration_s"])) if ok else None  # the longest run at the rate
             sustainable.setdefault(w, {})[k] = best["rate"] if best else 0
             above = [x for x in failed_at if best is None or x > best["rate"]]
             brackets.setdefault(w, {})[k] = [best["rate"] if best else 0, min(above) if above else None]
