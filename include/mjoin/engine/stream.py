@@ -57,7 +57,6 @@ from mjoin.runtime import fsutil
 log = logging.getLogger(__name__)
 
 
-
 def young_cap(batch_max: dict, entries, by_source: dict) -> dict:
     """A batch's largest accepted event times with each stream's capped at the newest arrival epoch (micros) it
     read: while the lake's arrival cycle is unknown (a young lake) the future allowance is a window
@@ -68,7 +67,7 @@ def young_cap(batch_max: dict, entries, by_source: dict) -> dict:
         for n in by_source.get(e.source, ()):
             if e.arrival is not None:
                 newest[n] = max(newest.get(n, e.arrival), e.arrival)
-    return {s: v if v is None or s not in newest else min(int(v), newest[s] * 1_000_000) for s, v in batch_max.items()}
+    return {s: v if v is None or s not in newest else min(int(v), newest[s] * contract.US) for s, v in batch_max.items()}
 
 
 @dataclass
