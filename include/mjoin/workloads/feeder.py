@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mjoin.lake.contract import US
 from mjoin.lake.layout import Lake
 from mjoin.runtime import fsutil
 from mjoin.workloads.errors import WorkloadError
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 STAGING = ".feed-staging"
 PACES = ("replay", "compressed")
 PLAN = "feed.json"
-MICROS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -244,17 +244,17 @@ def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, 
         # lanes: the replay shifted in time by a lane's start and in keys by lane x key_span; a new lane every
         # n / rate seconds, so rate / (n / replay length) lanes run at once; lanes started before `start` are
         # already under way (their rows before `start` are not fed)
-        span_us = int(round((manifest.end_epoch - manifest.start_epoch) * MICROS))
-        tau = {s: ts_us[s] - int(round(manifest.start_epoch * MICROS)) for s in sources}
-        delta_us = n * MICROS / float(rate)
-        lanes = int(math.ceil((n_cycles * cycle * MICROS + span_us) / delta_us))
+        span_us = int(round((manifest.end_epoch - manifest.start_epoch) * US))
+        tau = {s: ts_us[s] - int(round(manifest.start_epoch * US)) for s in sources}
+        delta_us = n * US / float(rate)
+        lanes = int(math.ceil((n_cycles * cycle * US + span_us) / delta_us))
         lane_start = (np.arange(lanes, dtype=np.float64) * delta_us - span_us).astype(np.int64)
         plan = FeedPlan(lake=lake.root, staging=staging, rate=float(rate), cycle=cycle, start=start,
                         duration=n_cycles * cycle, passes=lanes, key_span=key_span, key_columns=key_cols,
-                        pace=pace, lane_seconds=delta_us / MICROS, replay_seconds=span_us / MICROS)
+                        pace=pace, lane_seconds=delta_us / US, replay_seconds=span_us / US)
         for j in range(n_cycles):
             e = start + j * cycle
-            r0, r1 = j * cycle * MICROS, (j + 1) * cycle * MICROS
+            r0, r1 = j * cycle * US, (j + 1) * cycle * US
             for s in sources:
                 lo = np.searchsorted(tau[s], r0 - lane_start)
                 hi = np.searchsorted(tau[s], r1 - lane_start)
@@ -268,7 +268,7 @@ def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, 
                 order = np.argsort(lane_start[lane] + tau[s][idx], kind="stable")  # event-time order in the file
                 idx, lane = idx[order], lane[order]
                 t = tables[s].take(pa.array(idx))
-                write(s, e, shifted(t, s, start * MICROS + lane_start[lane] + tau[s][idx], lane * key_span))
+                write(s, e, shifted(t, s, start * US + lane_start[lane] + tau[s][idx], lane * key_span))
     else:
         # compressed: the k-th row of the replay's order at start + k / rate, passes one after another
         plan = FeedPlan(lake=lake.root, staging=staging, rate=float(rate), cycle=cycle, start=start,
@@ -284,7 +284,7 @@ def prepare_feed(workload, lake, *, rate: float, duration: float, start: float, 
                     if hi <= lo:
                         continue
                     k = pos[s][lo:hi] + p * n
-                    ts = start * MICROS + (k * MICROS / rate).astype(np.int64)
+                    ts = start * US + (k * US / rate).astype(np.int64)
                     pieces.append(shifted(tables[s].slice(lo, hi - lo), s, ts,
                                           np.full(hi - lo, p * key_span, dtype=np.int64) if p else None))
                 if pieces:
