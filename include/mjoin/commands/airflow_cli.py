@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from mjoin.commands import UserError
 from mjoin.loop.airflow_env import airflow_cmd, airflow_env, ensure_db
+from mjoin.loop.sqlite_writes import immediate_for
 
 NAME = "airflow-cli"
 HELP = "run an airflow command on this project's Airflow (AIRFLOW_HOME=.airflow, dags/, plugins/)"
@@ -22,14 +22,10 @@ so the commands of the README work as written from any folder:
   python -m mjoin airflow-cli backfill create --dag-id mjoin_reoptimize \\
       --from-date 2026-01-01T00:10:00Z --to-date 2026-01-01T00:30:00Z --max-active-runs 1 --reprocess-behavior completed
 
-The metadata database is created on first use. Exit code: airflow's. On SQLite, `backfill create` (one
-transaction) is tried again, up to 3 times, when SQLite answers "database is locked": it can refuse the write
-of a transaction that has already read while the running scheduler writes, however long it waits for the
-lock (nothing was created then)."""
-
-#: attempts of a ``backfill create`` that SQLite refused with "database is locked" (nothing created: one transaction)
-LOCKED_ATTEMPTS = 3
-LOCKED = "database is locked"
+The metadata database is created on first use. Exit code: airflow's. On SQLite, the short writes a user makes
+while Airflow runs (`backfill create`, `dags trigger`, ...) take the write lock when their transactions begin
+(mjoin.loop.sqlite_writes): beside the running scheduler SQLite would otherwise refuse them with "database is
+locked"."""
 
 
 def add_arguments(p):
@@ -48,26 +44,6 @@ def run(args) -> int:
     env = airflow_env(args.home, args.lake)
     if not (Path(env["AIRFLOW_HOME"]) / "airflow.db").exists():
         ensure_db(env)
-    if argv[:2] == ["backfill", "create"] and "--dry-run" not in argv and \
-            env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
-        return _retry_locked(argv, env)
+    if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite") and immediate_for(argv):
+        return subprocess.run([sys.executable, "-m", "mjoin.loop.sqlite_writes", *argv], env=env).returncode
     return airflow_cmd(argv, env, check=False).returncode
-
-
-def _retry_locked(argv: list[str], env: dict) -> int:
-    """``airflow <argv>`` with its output passed through as it comes, run again (up to :data:`LOCKED_ATTEMPTS` in
-    all) while it fails with SQLite's "database is locked"."""
-    exe = str(Path(sys.executable).parent / "airflow")
-    for attempt in range(1, LOCKED_ATTEMPTS + 1):
-        proc = subprocess.Popen([exe, *argv], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        locked = False
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            locked = locked or LOCKED in line
-        rc = proc.wait()
-        if rc == 0 or not locked or attempt == LOCKED_ATTEMPTS:
-            return rc
-        print(f"airflow-cli: SQLite refused the write ({LOCKED}; nothing was created): trying again "
-              f"({attempt + 1}/{LOCKED_ATTEMPTS})", flush=True)
-        time.sleep(2 * attempt)
-    return rc
