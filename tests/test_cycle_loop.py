@@ -162,6 +162,7 @@ def test_loop_step_after_a_step_keeps_re_planning_with_the_forecast_bound(seed_q
         rec = loop.step(hist[pd.to_datetime(hist["cycle_start"], utc=True) < pd.Timestamp(c + CYCLE, unit="s",
                                                                                             tz="UTC")], c)
         assert rec["stats_gate"] == "passed"
+        assert isinstance(rec["forecast_lagging"], int)  # the lag test's replacements (Eq. 71), counted per cycle
         if bound:
             assert rec["forecast_gate"] == "passed" and rec["forecast_out_of_range"] >= 1
             assert "skipped" not in rec["strategies"]["dppick"] and "optimize_seconds" in rec["strategies"]["dppick"]

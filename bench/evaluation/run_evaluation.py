@@ -516,6 +516,9 @@ def paper_workload(spark, args, label: str, workload: Path, qname: str | None, w
             # Holt forecasts outside the gate's range replaced by the last value (mjoin.forecast.holt's bound)
             "forecast_out_of_range": {"series": sum(r.get("forecast_out_of_range", 0) for r in sched.cycles),
                                       "cycles": sum(1 for r in sched.cycles if r.get("forecast_out_of_range"))},
+            # Holt forecasts lagging a shift replaced by the last value (mjoin.forecast.bound.LagBound, Eq. 71)
+            "forecast_lagging": {"series": sum(r.get("forecast_lagging", 0) for r in sched.cycles),
+                                 "cycles": sum(1 for r in sched.cycles if r.get("forecast_lagging"))},
             "cycles": len(sched.cycles), "measured_from_cycle": offset}
         sched = from_batch(sched, offset)
         doc["loop"]["settings"] = sched.settings

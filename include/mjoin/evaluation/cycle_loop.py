@@ -150,6 +150,7 @@ class CycleLoop:
             fc = forecast(history, end, length=self.settings.length, config=ForecastConfig(bound=bound)).statistics
             rec["seconds"]["forecast"] = time.perf_counter() - t
             rec["forecast_out_of_range"] = len(fc.meta["out_of_range"])
+            rec["forecast_lagging"] = len(fc.meta.get("lagging", []))  # Holt lagging a shift: the last value (Eq. 71)
             t = time.perf_counter()
             g_fc = check_forecast(q, fc, history, config=cfg)
             rec["seconds"]["forecast_gate"] = time.perf_counter() - t

@@ -1,4 +1,5 @@
-"""The range a forecast value may take: its series' recent history, widened by ``k`` spreads.
+"""The range a forecast value may take: its series' recent history, widened by ``k`` spreads; and
+when a Holt forecast lags a level shift (:class:`LagBound`).
 
 One bound, two users: the forecast gate's rule ``forecast.near_recent_history``
 (:func:`mjoin.gates.forecast.plausibility_frame`) fails a value outside it, and
@@ -90,3 +91,47 @@ class ForecastBound:
         """The gate's rule: at most ``k`` spreads outside the range (True without history: nothing to judge by)."""
         d = self.deviation(value, recent)
         return not d > self.k
+
+
+@dataclass(frozen=True)
+class LagBound:
+    """Holt lags a shift when its last one-step error exceeds ``k`` robust spreads of its earlier ones (Eq. 71).
+
+    ``errors`` are the fit's one-step-ahead errors ``y_t - yhat_{t|t-1}`` over the fitted window, oldest first;
+    the spread is that of all but the last (1.4826 MAD by default: a burst's few large errors in the window do
+    not widen it), floored at ``max(floor_rel * |y_T|, floor_abs)`` (``floor_abs_gamma`` for ``gamma``) with
+    ``y_T`` the last value, so that a flat or perfectly fitted history does not call every small error a shift.
+    :func:`mjoin.forecast.holt.forecast_series` then forecasts the last value instead of Holt's, for the series
+    and cycle the test fires on: at a step or burst Holt's level moves by ``alpha`` of the error per cycle and
+    lags for several cycles, while the last value has followed within one.
+    """
+
+    k: float = 3.0
+    spread: str = "mad"
+    floor_rel: float = 0.10
+    floor_abs: float = 1.0
+    floor_abs_gamma: float = 0.02
+
+    def __post_init__(self):
+        if not self.k > 0:
+            raise ValueError(f"k={self.k!r} must be > 0")
+        if self.spread not in SPREADS:
+            raise ValueError(f"spread={self.spread!r}: use one of {', '.join(SPREADS)}")
+
+    def error_spread(self, errors, last: float, statistic: str) -> float:
+        """The earlier errors' spread (all but the last, finite ones), floored (NaN without any)."""
+        e = np.asarray(errors, dtype=float)[:-1]
+        e = e[np.isfinite(e)]
+        floor = max(self.floor_rel * abs(last), self.floor_abs_gamma if statistic == "gamma" else self.floor_abs)
+        return max(spread_of(e, self.spread), floor) if len(e) else math.nan
+
+    def deviation(self, errors, last: float, statistic: str) -> float:
+        """The last error in spreads (NaN without a finite last error or earlier errors)."""
+        e = np.asarray(errors, dtype=float)
+        if not len(e) or not math.isfinite(e[-1]):
+            return math.nan
+        return abs(float(e[-1])) / self.error_spread(e, last, statistic)
+
+    def lags(self, errors, last: float, statistic: str) -> bool:
+        """Eq. 71: the last one-step error is more than ``k`` spreads (False when nothing can be judged)."""
+        return self.deviation(errors, last, statistic) > self.k

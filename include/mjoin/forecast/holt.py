@@ -25,6 +25,10 @@ edge (``gamma``, ``mu``), over the last ``length`` cycles with ``cycle_start < a
   ``last_value``, ``out_of_range`` True, the reason names the Holt value and the range): after a
   step Holt's trend overshoots, and one such series would fail the gate for the whole forecast.
   ``bound=None`` switches it off;
+- a Holt forecast that lags a level shift (``config.lag``, :class:`mjoin.forecast.bound.LagBound`, Eq. 71: the fit's
+  last one-step error more than ``k`` robust spreads of its earlier ones) -> the series' last value (method
+  ``last_value``, ``lagging`` True, the reason names the error): at a step or the start and end of a burst Holt's
+  level follows by ``alpha`` of the error per cycle, the last value at once. ``lag=None`` switches it off;
 - prediction intervals at ``config.level``: ``Holt`` results carry none, so they come from
   the fit's one-step residual standard deviation, widened for longer horizons with the
   ETS(A,A,N) / ETS(A,Ad,N) variance formula; ``ETSModel`` gives the same from its own MLE
@@ -48,7 +52,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from mjoin.forecast.bound import ForecastBound
+from mjoin.forecast.bound import ForecastBound, LagBound
 from mjoin.model.statistics import EdgeStats, GroupStats, Statistics, StatisticsError, StreamStats
 from mjoin.model.timeutil import iso, parse_time
 from mjoin.runtime.fsutil import atomic_write_text
@@ -81,6 +85,8 @@ class ForecastConfig:
     #: a Holt forecast this bound rejects becomes the last value (None: off). The forecast gate's bound: pass
     #: ``GateConfig.forecast_bound()`` where the gate runs with other settings than the defaults
     bound: ForecastBound | None = ForecastBound()
+    #: a Holt forecast whose last one-step error this test calls a shift becomes the last value (Eq. 71; None: off)
+    lag: LagBound | None = LagBound()
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -93,6 +99,8 @@ class ForecastConfig:
             raise ForecastError(f"interval level must be in (0, 1), got {self.level}")
         if self.bound is not None and not isinstance(self.bound, ForecastBound):
             raise ForecastError(f"bound must be a ForecastBound or None, not {type(self.bound).__name__}")
+        if self.lag is not None and not isinstance(self.lag, LagBound):
+            raise ForecastError(f"lag must be a LagBound or None, not {type(self.lag).__name__}")
 
 
 @dataclass
@@ -111,6 +119,7 @@ class SeriesForecast:
     last_value: float | None
     horizon: int
     out_of_range: bool = False  # a Holt forecast outside config.bound, replaced by the last value
+    lagging: bool = False  # a Holt forecast lagging a shift (config.lag, Eq. 71), replaced by the last value
 
     @property
     def key(self) -> str:
@@ -153,7 +162,7 @@ def _z(level: float) -> float:
 
 
 def _holt(y: np.ndarray, damped: bool, horizon: int, config: ForecastConfig):
-    """Fit Holt; ``(forecast, sigma_h, warnings list)``; raises on failure."""
+    """Fit Holt; ``(forecast, sigma_h, warnings list, one-step errors)``; raises on failure."""
     # imported here, not at the top: statsmodels takes ~1.5-3 s to import, and every process that reads a
     # forecast (the forecast gate, the plan gate, the evaluation) imports this module without fitting one
     from statsmodels.tsa.holtwinters import Holt
@@ -176,13 +185,13 @@ def _holt(y: np.ndarray, damped: bool, horizon: int, config: ForecastConfig):
         phis = np.cumsum(phi ** np.arange(1, horizon)) if damped else np.arange(1, horizon, dtype=float)
         c = alpha * (1 + beta * phis)
         sigma *= math.sqrt(1 + float(np.sum(c ** 2)))
-    return f, sigma, msgs
+    return f, sigma, msgs, resid
 
 
 def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig | None = None) -> dict:
     """Forecast one series ``horizon`` cycles past its last element (NaN = missing cycle).
 
-    Returns ``{method, reason, value, lower, upper, n_points, last_value, horizon, out_of_range}``."""
+    Returns ``{method, reason, value, lower, upper, n_points, last_value, horizon, out_of_range, lagging}``."""
     config = config or ForecastConfig()
     y = np.asarray(y, dtype=float)
     finite = np.isfinite(y)
@@ -225,7 +234,7 @@ def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig 
         return fallback(f"short: {len(seg)} points < {config.min_points}")
     damped = statistic in config.damped
     try:
-        f, sigma, msgs = _holt(seg, damped, h, config)
+        f, sigma, msgs, errors = _holt(seg, damped, h, config)
     except Exception as exc:  # statsmodels raises many types (ValueError, LinAlgError, ...)
         return fallback(f"fit failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     reasons += msgs
@@ -244,6 +253,12 @@ def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig 
             out = fallback(f"{method} forecast {out['value']:.6g} outside [{lo:.6g}, {hi:.6g}] (the last "
                            f"{recent.n} cycles' range +- {config.bound.k:g} spreads): the last value", "last_value")
             out["out_of_range"] = True
+            return out
+    if config.lag is not None and config.lag.lags(errors, last, statistic):
+        e, s = float(errors[-1]), config.lag.error_spread(errors, last, statistic)
+        out = fallback(f"{method} lags a shift: its last one-step error {e:.6g} is {abs(e) / s:.3g} spreads "
+                       f"({s:.3g}) > {config.lag.k:g} (Eq. 71): the last value", "last_value")
+        out["lagging"] = True
     return out
 
 
@@ -262,7 +277,7 @@ def _out(method, reason, v, lo, hi, n, last, horizon, statistic) -> dict:
     clip = (lambda x: None if x is None else min(max(float(x), bmin), bmax))
     return {"method": method, "reason": reason, "value": float(clipped), "lower": clip(lo), "upper": clip(hi),
             "n_points": int(n), "last_value": None if last is None else float(last), "horizon": int(horizon),
-            "out_of_range": False}
+            "out_of_range": False, "lagging": False}
 
 
 # ---- the history --------------------------------------------------------------------------
@@ -335,6 +350,7 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
     st = _statistics(query, series, kind, target, tau)
     counts = pd.Series([s.method for s in series]).value_counts().to_dict() if series else {}
     out_of_range = [s.key for s in series if s.out_of_range]
+    lagging = [s.key for s in series if s.lagging]
     if out_of_range:
         log.debug("forecast: %d Holt forecast(s) outside the recent range replaced by the last value: %s",
                   len(out_of_range), ", ".join(out_of_range[:10]) + (" ..." if len(out_of_range) > 10 else ""))
@@ -343,7 +359,7 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
         "cycles_used": int(past["cycle_start"].nunique()), "first_cycle": iso(past["cycle_start"].min()),
         "last_cycle": iso(grid[-1]),
         "interval_level": config.level, "methods": {k: int(v) for k, v in counts.items()}, "notes": notes,
-        "out_of_range": out_of_range,
+        "out_of_range": out_of_range, "lagging": lagging,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "series": {s.key: {"method": s.method, "reason": s.reason, "n_points": s.n_points, "lower": _clean(s.lower),
                            "upper": _clean(s.upper), "last_value": _clean(s.last_value)} for s in series},
@@ -352,7 +368,8 @@ def forecast(history: pd.DataFrame, as_of, *, length: int = 60, config: Forecast
     st.partitioning = meta.get("partitioning")
     report = pd.DataFrame([asdict(s) for s in series],
                           columns=["statistic", "group", "entity", "stream", "right", "n_points", "method", "reason",
-                                   "value", "lower", "upper", "last_value", "horizon", "out_of_range"])
+                                   "value", "lower", "upper", "last_value", "horizon", "out_of_range",
+                                   "lagging"])
     elapsed = time.perf_counter() - t_start
     st.meta["elapsed_seconds"] = elapsed
     log.debug("forecast of %d series in %.2fs: %s", len(series), elapsed, counts)
