@@ -123,10 +123,14 @@ class _Tables:
                     if cc != c and (cc, int(r)) in row_of:
                         gr = self.GA[:, row_of[cc, int(r)]]
                         self.PA[:, i] *= np.where(np.isfinite(gr), gr, 1.0)
+        # a step into a member of S is no step: gamma -inf there (the steps of a layer are the finite entries)
+        for b in range(n):
+            at = np.flatnonzero(self.row_stream == b)
+            if at.size:
+                self.GA.reshape(-1, 2, 1 << b, R)[:, 1, :, at] = -np.inf
+        self.row_bit = np.int64(1) << self.row_stream
+        self.q_row = self.q[self.row_stream]
         self.full = self.N - 1
-        # stream_rows[r]: (class, row) of every class r can be looked up through, by class
-        self.stream_rows = [[(int(c), int(i)) for i, (c, rr) in enumerate(zip(self.row_class, self.row_stream))
-                             if rr == r] for r in range(n)]
         if self.copies > 1:
             self.shared_from()
 
@@ -154,29 +158,28 @@ class _Tables:
         self.lo = self.hi = np.ones((self.copies * N, K))
         if not self.multi:
             return  # one class: every B is 0, the lines do not depend on m
-        lo, hi = np.ones((N, K)), np.ones((N, K))
-        used = [c for c in range(K) if self.rows[c].size]
-        first = self.row_offset[used]
+        R = self.R
+        lo, hi = np.ones(N * K), np.ones(N * K)  # flat (S, c)
         pop = np.bitwise_count(np.arange(N, dtype=np.int64))
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
-        bit = np.int64(1) << self.row_stream[None, :]
-        rc = self.row_class[None, :]
         with np.errstate(invalid="ignore", over="ignore"):
             ulo = uhi = self.UA[:N] * self.PA[:N]  # u phi of every step, the lowest and highest over the copies
             if self.copies > 1:
                 uf = self.UA[N:] * self.PA[N:]
                 ulo, uhi = np.minimum(ulo, uf), np.maximum(uhi, uf)
-        for p, i in ((p, i) for p in range(2, n) for i in range(bounds[p], bounds[p + 1], CHUNK)):
-            S2 = by_layer[i:min(i + CHUNK, bounds[p + 1])][:, None]  # subsets entered, p members (a chunk)
-            S = S2 & ~bit  # (m, rows): the subset before the step into the row's member
-            col = np.arange(self.R)[None, :]
-            ok = ((S2 & bit) != 0) & np.isfinite(self.GA[S, col])
-            with np.errstate(invalid="ignore", over="ignore"):
-                low = np.minimum.reduceat(np.where(ok, ulo[S, col] * lo[S, rc], np.inf), first, axis=1)
-                high = np.maximum.reduceat(np.where(ok, uhi[S, col] * hi[S, rc], -np.inf), first, axis=1)
-            lo[S2, used] = np.minimum(low, 1.0)
-            hi[S2, used] = np.maximum(high, 1.0)
+            ulo, uhi = ulo.ravel(), uhi.ravel()
+            for p in range(1, n - 1):  # every step out of a subset of p members (into one of p + 1 < n)
+                S = by_layer[bounds[p]:bounds[p + 1]]
+                vi = np.flatnonzero(np.isfinite(self.GA[S]))  # the steps (-inf: none)
+                si = vi // R
+                row = vi - si * R
+                Sv, c = S[si], self.row_class[row]
+                fi, fk = Sv * R + row, Sv * K + c
+                to = (Sv | self.row_bit[row]) * K + c
+                np.minimum.at(lo, to, ulo[fi] * lo[fk])
+                np.maximum.at(hi, to, uhi[fi] * hi[fk])
+        lo, hi = lo.reshape(N, K), hi.reshape(N, K)
         self.lo, self.hi = np.tile(lo, (self.copies, 1)), np.tile(hi, (self.copies, 1))
 
     def run(self) -> None:
@@ -187,10 +190,9 @@ class _Tables:
         self.counts = np.zeros((NN, K), dtype=np.int64)
         self.store_a, self.store_b, self.used = np.empty(4 * N), np.empty(4 * N), 0
         F = self.F = np.full((NN, K), np.inf)
-        # per subset: the lowest F over classes, its class, and the second lowest (F_other)
-        best1 = self.best1 = np.full(NN, np.inf)
-        best2 = self.best2 = np.full(NN, np.inf)
-        arg1 = self.arg1 = np.full(NN, -1, dtype=np.int64)
+        # other[S, c]: the lowest F of the classes other than c (F_other)
+        other = self.other = np.full((NN, K), np.inf)
+        classes = np.arange(K)[:, None]
         pop = np.bitwise_count(np.arange(N, dtype=np.int64))
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
@@ -201,16 +203,15 @@ class _Tables:
                     S = np.concatenate([plain, plain[self.own[plain]] + N])
                 for i in range(0, S.size, CHUNK):  # the subsets of a layer are independent: bounded memory
                     self._layer(S[i:i + CHUNK], p == n - 1)
-                FS = F[S]
+                FS = F[S].T  # (K, m): the lowest, its class (the first of equal ones) and the second lowest
+                a1 = np.argmin(FS, axis=0)
                 cols = np.arange(S.size)
-                a1 = np.argmin(FS, axis=1)
-                arg1[S] = a1
-                best1[S] = FS[cols, a1]
-                FS[cols, a1] = np.inf
-                best2[S] = FS.min(axis=1)
+                best1 = FS[a1, cols]
+                FS[a1, cols] = np.inf
+                other[S] = np.where(classes == a1, FS.min(axis=0), best1).T
                 if self.copies > 1:
                     shared = plain[~self.own[plain]]
-                    for table in (self.starts, self.counts, F, best1, best2, arg1):
+                    for table in (self.starts, self.counts, F, other):
                         table[shared + N] = table[shared]
 
     def _layer(self, S: np.ndarray, last: bool) -> None:
@@ -219,40 +220,48 @@ class _Tables:
         at both ends of the range of ``m`` (Eq. 67). A segment is one ``(S, c)``: ``seg = s K + c`` for the
         ``s``-th subset; the steps come in (subset, class, member) order, so every segment's candidates are
         contiguous."""
-        K, m = self.K, S.size
-        g2 = self.GA[S]  # (m, rows)
-        valid = (((S[:, None] >> self.row_stream[None, :]) & 1) == 0) & np.isfinite(g2)
-        vi = np.flatnonzero(valid)
+        K, m, R = self.K, S.size, self.R
+        g2 = self.GA[S]  # (m, rows); -inf: no step (no edge, or the member is in S)
+        vi = np.flatnonzero(np.isfinite(g2))
         if not vi.size:
             return
-        si, row = np.divmod(vi, self.R)
+        si = vi // R
+        row = vi - si * R
         cp = self.row_class[row]
         seg = si * K + cp
         Sv = S[si]
+        fi = Sv * R + row  # (S, row) in the row tables, flat
         g = g2.ravel()[vi]
-        u = self.UA[Sv, row]
-        r = self.row_stream[row]
-        nxt = Sv | (np.int64(1) << r)
-        base = self.q[r] + g * self.am * u
+        u = self.UA.ravel()[fi]
+        nxt = Sv | self.row_bit[row]
+        fk = nxt * K + cp  # (S + r, c) in the class tables, flat
+        base = self.q_row[row] + g * self.am * u
         if last or not self.multi:  # one line per segment: (base, 0) or the classic subset DP (one class)
-            val = base if last else base + g * self.store_a[self.starts[nxt, cp]]
+            val = base if last else base + g * self.store_a[self.starts.ravel()[fk]]
             best = np.full(K * m, np.inf)
             np.minimum.at(best, seg, val)
             has = np.flatnonzero(np.isfinite(best))
             self._keep(S, has, best[has], np.zeros(has.size))
             return
-        gup = g * u * self.PA[Sv, row]
-        ncont = self.counts[nxt, cp]
-        other = np.where(self.arg1[nxt] == cp, self.best2[nxt], self.best1[nxt])
-        tot = ncont + np.isfinite(other)
-        total = int(tot.sum())
+        gup = g * u * self.PA.ravel()[fi]
+        ncont = self.counts.ravel()[fk]
+        other = self.other.ravel()[fk]
+        has = np.isfinite(other)
+        tot = ncont + has
+        ends = np.cumsum(tot)
+        total = int(ends[-1])
+        if not total:
+            return
+        # the candidates: per step its continuations (lines of (S + r, c)), then its class change (if any)
         pair = np.repeat(np.arange(vi.size), tot)
-        j = np.arange(total) - np.repeat(np.cumsum(tot) - tot, tot)  # candidate's rank within its (S, r)
-        cont = j < ncont[pair]
-        line = self.starts[nxt, cp][pair] + np.where(cont, j, 0)
-        basep = base[pair]
-        ca = np.where(cont, basep + g[pair] * self.store_a[line], basep)
-        cb = gup[pair] * np.where(cont, self.store_b[line], other[pair])
+        line = np.repeat(self.starts.ravel()[fk] - (ends - tot), tot) + np.arange(total)
+        sa = self.store_a.take(line, mode="clip")
+        sb = self.store_b.take(line, mode="clip")
+        change = ends[has] - 1
+        sa[change] = 0.0  # base + g 0 = base
+        sb[change] = other[has]
+        ca = base[pair] + g[pair] * sa
+        cb = gup[pair] * sb
         sg_all = seg[pair]
         va = ca + self.lo[S].ravel()[sg_all] * cb
         vb = ca + self.hi[S].ravel()[sg_all] * cb
@@ -311,69 +320,88 @@ class _Tables:
             self.F[S] = f.reshape(m, K)
         self.used += total
 
-    # ---- one order, rebuilt step by step (ties: the lexicographically first) -----------------------------
-    def _tail(self, c: int, S: int, mult: float) -> float:
-        """The cheapest tail from ``S`` whose first step uses class ``c`` and continues a run with ``mult``."""
-        i, k = int(self.starts[S, c]), int(self.counts[S, c])
-        if k == 1:
-            return float(self.store_a[i] + mult * self.store_b[i])
-        if not k:
-            return np.inf
-        return float((self.store_a[i:i + k] + mult * self.store_b[i:i + k]).min())
-
-    def _step(self, S: int, r: int, c: int, g: float, u: float, phi: float, cprev: int, R: float, W: float, P: float):
-        """``(total, terms)`` of the step ``S -> r`` through ``c`` (terms ``g, u, phi``) followed by its best
-        completion (None: no edge)."""
-        if g == -np.inf:
-            return None
-        m_in, weight = (R, W) if cprev == c else (1.0, W * R)
-        base = float(self.q[r]) + g * self.am * u
-        nxt = S | 1 << r
-        value = base
-        if nxt != self._full and g:
-            mult = m_in * u * phi
-            best = self._tail(c, nxt, mult)
-            if self.multi:
-                other = float(self.best2[nxt] if self.arg1[nxt] == c else self.best1[nxt])
-                if other < np.inf:
-                    best = min(best, mult * other)
-            value = base + g * best
-        return P + weight * value, (g, u, phi, weight, m_in, base)
-
-    def order(self, s: int, copy: int = 0) -> tuple[list, float]:
-        """The order of stream ``s`` in copy ``copy``: at each step the first ``(r, c)`` (lexicographically) whose
-        best completion costs the optimum (to :data:`mjoin.optimizer.cost.TIE_RTOL`)."""
-        problem, full = self.problem, self.full | copy * self.N
-        self._full = full
-        S, cprev, R, W, P = 1 << s | copy * self.N, -1, 1.0, 1.0, 0.0
-        opt = float(self.F[S].min())
-        limit = opt + TIE_RTOL * abs(opt)
-        joined, pairs = [s], []
-        while S != full:
-            pick, fallback = None, None
-            ga, ua = self.GA[S].tolist(), self.UA[S].tolist()
-            pa = self.PA[S].tolist() if self.multi else [1.0] * len(ga)
-            for r in range(self.n):
-                if S >> r & 1 or not problem.adj_mask[r] & S:
-                    continue
-                for c, row in self.stream_rows[r]:
-                    got = self._step(S, r, c, ga[row], ua[row], pa[row], cprev, R, W, P)
-                    if got is None:
-                        continue
-                    if got[0] <= limit:
-                        pick = (r, c, got[1])
-                        break
-                    if fallback is None or got[0] < fallback[0]:
-                        fallback = (got[0], (r, c, got[1]))
-                if pick is not None:
-                    break
-            r, c, (g, u, phi, weight, m_in, base) = pick if pick is not None else fallback[1]
-            pairs.append((problem.representative(joined, r, c), r))
-            joined.append(r)
-            P += weight * base
-            W, R, cprev = weight * g, m_in * u * phi, c
-            S |= 1 << r
-        return pairs, P
+    # ---- the orders, rebuilt step by step (ties: the lexicographically first) -----------------------------
+    def orders(self, jobs: list) -> list:
+        """``[(pairs, cost)]``: the order of stream ``s`` in copy ``copy`` for each ``(s, copy)`` of ``jobs``, all
+        of them one step at a time: at each step the first ``(r, c)`` (lexicographically) whose best completion
+        costs the optimum (to :data:`mjoin.optimizer.cost.TIE_RTOL`), else the cheapest. A step ``S -> r`` through
+        ``c`` (terms ``g, u, phi``) after ``W`` (the product of the gammas so far), ``P`` (the cost so far) and a
+        run with ``m`` partial results per group (class ``cprev``) costs ``P + w (base + g best)``: ``base = q_r +
+        g alpha_m u``; in the same class ``w = W`` and the tail continues the run with ``mult = m u phi``, else
+        ``w = W m`` and ``mult = u phi``; ``best`` the cheapest tail from ``S + r`` at ``mult`` (none after the last
+        step or an empty one)."""
+        problem, n, N, K = self.problem, self.n, self.N, self.K
+        O = len(jobs)
+        start = np.array([s for s, _ in jobs], dtype=np.int64)
+        copy = np.array([k for _, k in jobs], dtype=np.int64)
+        full = self.full | copy * N
+        S = (np.int64(1) << start) | copy * N
+        cprev = np.full(O, -1, dtype=np.int64)
+        m_run, W, P = np.ones(O), np.ones(O), np.zeros(O)
+        opt = self.F[S].min(axis=1)
+        limit = opt + TIE_RTOL * np.abs(opt)
+        # the rows by (member, class): the order in which the candidates of a step are tried
+        by_member = np.argsort(self.row_stream, kind="stable")
+        r_of, c_of = self.row_stream[by_member], self.row_class[by_member]
+        q_of, bit_of = self.q[r_of], self.row_bit[by_member]
+        picked = []
+        with np.errstate(invalid="ignore", over="ignore"):
+            for _ in range(n - 1):
+                g2 = self.GA[S][:, by_member]  # (O, rows); -inf: no step
+                oi, k = np.nonzero(np.isfinite(g2))
+                row = by_member[k]
+                Sv = S[oi]
+                g = g2[oi, k]
+                u = self.UA[Sv, row]
+                phi = self.PA[Sv, row] if self.multi else np.ones(oi.size)
+                c = c_of[k]
+                same = cprev[oi] == c
+                m_in = np.where(same, m_run[oi], 1.0)
+                weight = np.where(same, W[oi], W[oi] * m_run[oi])
+                base = q_of[k] + g * self.am * u
+                nxt = Sv | bit_of[k]
+                mult = m_in * u * phi
+                tail = (nxt != full[oi]) & (g != 0)
+                best = np.full(oi.size, np.inf)
+                ti = np.flatnonzero(tail)
+                cnt = self.counts[nxt[ti], c[ti]]
+                if cnt.sum():
+                    ends = np.cumsum(cnt)
+                    line = np.repeat(self.starts[nxt[ti], c[ti]] - (ends - cnt), cnt) + np.arange(ends[-1])
+                    owner = np.repeat(np.arange(ti.size), cnt)
+                    vals = self.store_a[line] + mult[ti][owner] * self.store_b[line]
+                    tb = np.full(ti.size, np.inf)
+                    np.minimum.at(tb, owner, vals)
+                    best[ti] = tb
+                if self.multi:
+                    other = self.other[nxt[ti], c[ti]]
+                    fin = other < np.inf
+                    best[ti[fin]] = np.minimum(best[ti[fin]], mult[ti[fin]] * other[fin])
+                value = np.where(tail, base + g * best, base)
+                total = P[oi] + weight * value
+                # per order: the first candidate within the limit, else the first cheapest
+                first = np.flatnonzero(np.concatenate(([True], oi[1:] != oi[:-1])))
+                pos = np.arange(oi.size)
+                big = np.int64(oi.size)
+                within = np.minimum.reduceat(np.where(total <= limit[oi], pos, big), first)
+                low = np.repeat(np.minimum.reduceat(total, first), np.diff(np.append(first, oi.size)))
+                cheapest = np.minimum.reduceat(np.where(total == low, pos, big), first)
+                at = np.where(within < big, within, cheapest)
+                at = np.where(at < big, at, first)
+                P = P + weight[at] * base[at]
+                W, m_run, cprev = weight[at] * g[at], mult[at], c[at]
+                S = S | bit_of[k[at]]
+                picked.append((r_of[k[at]].tolist(), c[at].tolist()))
+        cls = problem.cls.tolist()
+        out = []
+        for o in range(O):
+            joined, pairs = [int(start[o])], []
+            for rs, cs in picked:
+                r, c = rs[o], cs[o]
+                pairs.append((next(m for m in joined if cls[m][r] == c), r))
+                joined.append(r)
+            out.append((pairs, float(P[o])))
+        return out
 
 
 def _search(problems: list, model: CostModel) -> list:
@@ -381,8 +409,12 @@ def _search(problems: list, model: CostModel) -> list:
     tables = _Tables(problems, model)
     tables.ranges()
     tables.run()
-    plain = {s: tables.order(s) for s in range(problems[0].n)}
+    n = problems[0].n
+    jobs = [(s, 0) for s in range(n)]
+    if len(problems) > 1:  # a start whose subsets the floor does not reach has the plain copy's order there too
+        jobs += [(s, 1) for s in range(n) if tables.own[1 << s]]
+    found = dict(zip(jobs, tables.orders(jobs)))
+    plain = {s: found[s, 0] for s in range(n)}
     if len(problems) == 1:
         return [plain]
-    # a start whose subsets the floor does not reach has the plain copy's order in the floored copy too
-    return [plain, {s: tables.order(s, 1) if tables.own[1 << s] else plain[s] for s in plain}]
+    return [plain, {s: found.get((s, 1), plain[s]) for s in plain}]
