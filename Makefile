@@ -20,7 +20,7 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 
-.PHONY: setup demo test airflow airflow-cli bench clean help cluster-setup cluster-up cluster-down test-cluster test-compose
+.PHONY: setup demo test airflow airflow-cli bench flink-venv clean help cluster-setup cluster-up cluster-down test-cluster test-compose
 
 help:
 	@sed -n '1,6p' Makefile
@@ -58,6 +58,17 @@ airflow-cli: $(STAMP)
 bench: $(STAMP)
 	@echo "benchmark scripts (each has --help; most have --quick):"
 	@for f in bench/*/*.py; do case $$(basename $$f) in _*) ;; *) echo "  .venv/bin/python $$f";; esac; done
+
+# The Flink peer's own virtualenv (apache-flink 2.3.0, ~90 s, 844 MB; kept out of requirements.txt): used by
+# bench/evaluation (the peers section) and bench/live/harness.py --system flink_multijoin; their tests skip without it.
+FLINK_PYTHON ?= python3.11
+FLINK_VENV := $(CURDIR)/bench/evaluation/.flink-venv
+flink-venv: $(FLINK_VENV)/.installed
+
+$(FLINK_VENV)/.installed: bench/evaluation/requirements-flink.txt
+	@test -x $(FLINK_VENV)/bin/python || $(FLINK_PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r bench/evaluation/requirements-flink.txt
+	@touch $@
 
 # ---- the native cluster (include/mjoin/runtime/cluster.py, docs/cluster.md): Spark standalone master + 2 workers and
 # PostgreSQL (Debian's postgresql package) for Airflow, all on 127.0.0.1, state under .cluster/

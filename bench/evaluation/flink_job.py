@@ -86,8 +86,10 @@ def _ddl(table: dict, interval: bool) -> str:
     if interval:
         ts = table["ts"]
         cols += f", rt AS TO_TIMESTAMP_LTZ(`{ts}` / 1000, 3), WATERMARK FOR rt AS rt"
+    # more options, e.g. the live runner's 'source.monitor-interval' (bench/live/flink_live_job.py)
+    extra = "".join(f", '{k}' = '{v}'" for k, v in (table.get("options") or {}).items())
     return (f"CREATE TABLE `{table['name']}` ({cols}) WITH ('connector' = 'filesystem', "
-            f"'path' = 'file://{table['path']}', 'format' = 'csv', 'csv.null-literal' = '\\N')")
+            f"'path' = 'file://{table['path']}', 'format' = 'csv', 'csv.null-literal' = '\\N'{extra})")
 
 
 def main(path: str) -> int:

@@ -15,8 +15,10 @@ A run (:func:`run_once`), in a fresh lake under ``--work``:
    ``--stats-cycle 10`` plus the real Airflow services, api-server, scheduler and dag-processor, from
    ``bench/live/loop_cost.py``, with ``MJOIN_LAKE`` on this lake and ``MJOIN_PERIOD_MINUTES`` (default 1):
    the scheduled ``mjoin_reoptimize`` runs re-optimize the running job in continuous mode), ``spark-native``
-   (the same command with ``--engine spark-native``: Spark's chained stream-stream joins).
-   ``flink_multijoin`` is not wired yet (its peer reads CSV copies in batch mode; see README).
+   (the same command with ``--engine spark-native``: Spark's chained stream-stream joins), ``flink_multijoin``
+   (Flink 2.3's MultiJoin in the Flink venv, ``flink_live_job.py``: continuously monitored CSV sources that
+   :class:`flink_live.CsvMirror` fills on the feeder's schedule, a file sink committed on each checkpoint every
+   trigger interval; its committed arrivals from the REST API, :class:`flink_live.FlinkProgress`).
 3. **Per second**: the lag (newest landed arrival minus the newest arrival in a committed batch's input), and the
    CPU seconds of the join job's process tree and of the loop's processes (psutil, /proc).
 4. **Per committed batch with input**: the end-to-end latency, the batch's commit (the mtime of Spark's
@@ -59,6 +61,7 @@ PROJECT = HERE.parent.parent
 sys.path.insert(0, str(PROJECT / "include"))
 sys.path.insert(0, str(HERE))
 
+import flink_live  # noqa: E402  (flink_multijoin: the CSV mirror, the job, its progress from the REST API)
 from loop_cost import RunCpu, services  # noqa: E402  (the Airflow services and their CPU, as loop_cost runs them)
 
 from mjoin.engine.metrics import git_commit, machine  # noqa: E402
@@ -356,8 +359,9 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
              startup: float = 300.0, warmup: float = 30.0, replay=None, pace: str = "replay") -> dict:
     if system not in SYSTEMS:
         raise SystemExit(f"system {system!r}: one of {', '.join(SYSTEMS)}")
-    if system == "flink_multijoin":
-        raise SystemExit("flink_multijoin is not wired into the live harness yet (bench/live/README.md)")
+    flink = system == "flink_multijoin"
+    if flink and not flink_live.available():
+        raise SystemExit(f"flink_multijoin needs the Flink venv ({flink_live.FLINK_PY}): make flink-venv")
     query = WORKLOADS[workload]
     # the code the run ran: the commit and the files changed beside it (the working tree is shared)
     worktree = subprocess.run(["git", "-C", str(PROJECT), "status", "--porcelain", "--", "include", "jobs", "bench/live"],
@@ -371,12 +375,13 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     lake = Lake(str(run_dir / "lake"))
+    mirror = None
     record_path = run_dir / "feed-record.jsonl"
     doc: dict = {"benchmark": "live_harness", "workload": workload, "query": query, "system": system,
                  "rate": rate, "duration_s": duration, "trigger_s": trigger, "cycle_s": CYCLE,
                  "period_minutes": period_minutes if system == "mjoin-loop" else None,
                  "date": datetime.now(timezone.utc).isoformat(), "load_average_before": list(os.getloadavg())}
-    job = interval = None
+    job = interval = committed = None
     airflow_ctx, loop_procs = None, []
     feed_stop = threading.Event()
     feeder = None
@@ -407,11 +412,25 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
             loop_tree = TreeCpu([p.pid for p in loop_procs])
         for s in sources:  # the job lists them from its first trigger on
             os.makedirs(lake.streams(s), exist_ok=True)
+        if flink:
+            from mjoin.model.query import load_query
+
+            qspec = load_query(query)
+            mirror = flink_live.CsvMirror(qspec, run_dir / "flink")
+            port = flink_live.free_port()
+            fjob = flink_live.job_description(qspec, mirror, sink=run_dir / "flink" / "results",
+                                              checkpoint_dir=run_dir / "flink" / "checkpoints",
+                                              checkpoint_seconds=trigger, rest_port=port)
+            (run_dir / "flink-job.json").write_text(json.dumps(fjob, indent=1))
+            cmd = [str(flink_live.FLINK_PY), str(flink_live.JOB_SCRIPT), str(run_dir / "flink-job.json")]
         job = start(cmd, run_dir / "job.log")
         job_tree = TreeCpu([job.pid])
-        committed = Committed(lake, query, "spark-native" if system == "spark-native" else "mjoin")
+        if flink:
+            committed = flink_live.FlinkProgress(port, run_dir / "job.log", mirror, {})
+        else:
+            committed = Committed(lake, query, "spark-native" if system == "spark-native" else "mjoin")
         t_ready = time.time()
-        while not (committed.checkpoint / "metadata").exists():  # the streaming query has started
+        while not (committed.ready() if flink else (committed.checkpoint / "metadata").exists()):  # started
             if job.poll() is not None:
                 raise RuntimeError(f"the job exited ({job.returncode}): " + (run_dir / "job.log").read_text()[-3000:])
             if time.time() - t_ready > startup:
@@ -419,8 +438,14 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
             time.sleep(0.5)
         doc["job_startup_s"] = round(time.time() - t_ready, 1)
         # stage the feed for a start after the staging's estimated time (event times are written into the files)
-        t0 = math.ceil((time.time() + 15 + rate * duration / 3e5) / CYCLE) * CYCLE
+        # (flink: and the CSV copies of the staged folders, ~0.7 M rows/s measured, half assumed)
+        t0 = math.ceil((time.time() + 15 + rate * duration / (1.5e5 if flink else 3e5)) / CYCLE) * CYCLE
         plan = prepare_feed(replay, lake, rate=rate, duration=duration, start=t0, cycle=CYCLE, pace=pace)
+        if flink:
+            doc["flink_csv_staging_seconds"] = round(mirror.stage(plan), 2)
+            for f in plan.folders:
+                committed.folders_per_arrival[f.arrival] = committed.folders_per_arrival.get(f.arrival, 0) + 1
+            committed.start_polling()
         doc["feed_plan"] = {"rows": plan.rows, "folders": len(plan.folders), "pace": pace, "lanes_or_passes": plan.passes,
                             "key_span": plan.key_span, "prepare_seconds": round(plan.prepare_seconds, 2),
                             "start": plan.start}
@@ -429,7 +454,9 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
 
         def feed():
             try:
-                run_feed(plan, record_path, stop=feed_stop.is_set, on_folder=landed_lines.append)
+                run_feed(plan, record_path, stop=feed_stop.is_set,
+                         on_folder=(lambda line: landed_lines.append(mirror.land(line))) if flink
+                         else landed_lines.append)
             except Exception as exc:  # recorded
                 doc["feed_error"] = repr(exc)
 
@@ -481,26 +508,37 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
             doc["loop_cpu"] = {**loop_cpu.finish(time.time()), "sampled_tree_cpu_seconds": round(loop_tree.sample(), 3),
                                "by_command": loop_tree.by_command()}
         # stop the job: mjoin through its control file first (a clean stop), then its process group
-        if system != "spark-native" and job.poll() is None:
+        if system in ("mjoin-fixed", "mjoin-loop") and job.poll() is None:
             with contextlib.suppress(Exception):
                 from mjoin.engine.control import JobControl
 
                 ctl = JobControl(lake, query)
                 ctl.request_stop(by="live-harness", reason="run over")
                 ctl.wait_stopped(60)
+        if flink:
+            committed.stop_polling()
         stop_group(job)
         if airflow_ctx is not None:
             stop_services(airflow_ctx, loop_procs)
             airflow_ctx = None
         record = read_record(record_path)
         batches = committed.update()
+        if flink:  # the latency from the CSV copies' landing (a few ms after the Parquet folder's)
+            doc["flink"] = {**committed.summary(), "mirror_errors": mirror.errors[:5],
+                            "versions": committed.started.get("versions")}
+            feed_record, record = record, list(mirror.record)
         lat = latencies(batches, record)
         for x in lat:  # batches whose newest input landed in the first `warmup` seconds of the feed: not in the verdict
             x["warmup"] = x["landed"] < plan.start + CYCLE + warmup
         v = verdict(lag, [x for x in lat if not x["warmup"]], trigger=trigger, cycle=CYCLE,
                     caught_up_after=caught_up_after)
         v["warmup_s"] = warmup
-        doc.update(feed=achieved(record, CYCLE), verdict=v, sustained=v["sustained"],
+        if flink:  # beside the committed latency: when the join had read all of the arrival's rows (a lower bound)
+            for x in lat:
+                x["processed_latency"] = batches[x["batch_id"]]["processed"] - x["landed"]
+            kept = [x["processed_latency"] for x in lat if not x["warmup"]]
+            v["processed_latency_p50_s"], v["processed_latency_p99_s"] = percentile(kept, 50), percentile(kept, 99)
+        doc.update(feed=achieved(feed_record if flink else record, CYCLE), verdict=v, sustained=v["sustained"],
                    job_cpu_seconds=round(job_cpu, 3), job_cpu_by_command=job_tree.by_command(),
                    job_cpu_seconds_while_feeding=round(job_cpu - (cpu0 or 0.0), 3),
                    batches=len(batches), batches_with_input=len(lat), latency=lat, lag=lag,
@@ -522,7 +560,9 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
             rc = interval.wait(1800)
             interval = None
             if rc == 0:
-                ref, got = result_fingerprint(str(out_dir), query), result_fingerprint(lake.root, query)
+                ref = result_fingerprint(str(out_dir), query)
+                got = (flink_live.fingerprint(qspec, run_dir / "flink" / "results", run_dir / "flink-fp") if flink
+                       else result_fingerprint(lake.root, query))
                 doc.update(fingerprint=got, interval_fingerprint=ref, identical_results=ref == got)
             else:
                 doc["fingerprint_error"] = (run_dir / "interval.log").read_text()[-2000:]
@@ -532,6 +572,8 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
     finally:
         feed_stop.set()
         sampler_stop.set()
+        if flink and committed is not None:
+            committed.stop_polling()
         stop_group(job)
         stop_group(interval)
         if airflow_ctx is not None:
@@ -539,6 +581,9 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
         if feeder is not None:
             feeder.join(5)
     doc.update(machine=machine(), versions=versions(), commit=git_commit(PROJECT), worktree_changes=worktree)
+    if flink and (doc.get("flink") or {}).get("versions"):
+        doc["versions"].update({"apache-flink": doc["flink"]["versions"].get("apache-flink"),
+                                "flink_venv_python": doc["flink"]["versions"].get("python")})
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = out / f"{workload}-{system}-{int(rate)}-{stamp}.json"
@@ -604,6 +649,9 @@ def summarize(runs_dir: Path, out: Path) -> dict:
              "latency_p50_s": d["verdict"]["latency_p50_s"], "latency_p99_s": d["verdict"]["latency_p99_s"],
              "lag_growth_second_half_s": d["verdict"]["lag_growth_second_half_s"],
              "caught_up_after_s": d["verdict"]["caught_up_after_s"],
+             **({"processed_latency_p50_s": d["verdict"].get("processed_latency_p50_s"),
+                 "processed_latency_p99_s": d["verdict"].get("processed_latency_p99_s")}
+                if d["system"] == "flink_multijoin" else {}),
              "job_cpu_seconds_while_feeding": d.get("job_cpu_seconds_while_feeding"),
              "identical_results": d.get("identical_results"),
              "load_average": [round(d["load_average_before"][0], 1), round(d["load_average_after"][0], 1)],
