@@ -62,8 +62,10 @@ class ExactTooLarge(ValueError):
 def class_tables(problem: JoinProblem, row_class: np.ndarray, row_stream: np.ndarray, G: np.ndarray,
                  U: np.ndarray) -> None:
     """Fill ``G[S, i], U[S, i]``: gamma and mu of the representative class-``row_class[i]`` edge from ``S`` into
-    ``row_stream[i]`` (Eq. 21: the highest gamma, ties: the lowest mu; gamma -inf where ``S`` has no such edge)."""
+    ``row_stream[i]`` (Eq. 21: the highest gamma, ties: the lowest mu; gamma -inf where ``S`` has no such edge, NaN
+    where ``row_stream[i]`` is in ``S``: no step)."""
     G[0], U[0] = -np.inf, np.inf
+    at = [np.flatnonzero(row_stream == b) for b in range(problem.n)]
     for b in range(problem.n):  # subsets whose highest member is b: [2^b, 2^(b+1)) = {b} + a subset below
         lo, hi = 1 << b, 1 << (b + 1)
         in_class = problem.cls[b, row_stream] == row_class
@@ -72,7 +74,8 @@ def class_tables(problem: JoinProblem, row_class: np.ndarray, row_stream: np.nda
         pg, pu = G[:lo], U[:lo]
         np.copyto(U[lo:hi], pu)
         np.copyto(U[lo:hi], vu, where=(vg > pg) | ((vg == pg) & (vu < pu)))
-        np.maximum(pg, vg, out=G[lo:hi])
+        np.maximum(pg, vg, out=G[lo:hi])  # NaN stays NaN in the subsets above
+        G[lo:hi, at[b]] = np.nan
 
 
 def exact_dp(problem: JoinProblem, model: CostModel, *, max_streams: int = MAX_STREAMS,
@@ -112,27 +115,26 @@ class _Tables:
             at = slice(k * self.N, (k + 1) * self.N)
             class_tables(pr, self.row_class, self.row_stream, self.GA[at], self.UA[at])
         self.multi = sum(1 for r in self.rows if r.size) > 1  # one class: every B is 0
-        # PA[S, row]: the residual factor of looking the row's member up through its class from S (Eq. 22): the
-        # product of the other classes' representative gammas (no edge of a class: no filter)
-        self.PA = None
-        if self.multi:
-            self.PA = np.ones((NN, R))
-            row_of = {(int(c), int(r)): i for i, (c, r) in enumerate(zip(self.row_class, self.row_stream))}
-            for i, (c, r) in enumerate(zip(self.row_class, self.row_stream)):
-                for cc in range(K):
-                    if cc != c and (cc, int(r)) in row_of:
-                        gr = self.GA[:, row_of[cc, int(r)]]
-                        self.PA[:, i] *= np.where(np.isfinite(gr), gr, 1.0)
-        # a step into a member of S is no step: gamma -inf there (the steps of a layer are the finite entries)
-        for b in range(n):
-            at = np.flatnonzero(self.row_stream == b)
-            if at.size:
-                self.GA.reshape(-1, 2, 1 << b, R)[:, 1, :, at] = -np.inf
+        # phi of a step (Eq. 22): the product of the other classes' representative gammas into the row's member
+        # (no edge of a class: no filter), from the rows of the same member in the other classes (ascending)
+        others = [[j for j in range(R) if self.row_stream[j] == self.row_stream[i] and j != i] for i in range(R)]
+        width = max(len(o) for o in others) if self.multi else 0
+        self.phi_rows = [np.array([o[w] if w < len(o) else -1 for o in others], dtype=np.int64) for w in range(width)]
         self.row_bit = np.int64(1) << self.row_stream
         self.q_row = self.q[self.row_stream]
         self.full = self.N - 1
         if self.copies > 1:
             self.shared_from()
+
+    def phi(self, fi: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """phi of the steps at the flat ``(S, row)`` indices ``fi`` (``S R + row``) of the row tables."""
+        out = np.ones(fi.size)
+        ga, at = self.GA.ravel(), fi - row
+        for other in self.phi_rows:
+            j = other[row]
+            g = ga[at + np.maximum(j, 0)]
+            out *= np.where((j >= 0) & np.isfinite(g), g, 1.0)
+        return out
 
     def shared_from(self) -> None:
         """``own[S]``: the floored copy's lines of ``S`` may differ from the plain copy's, because a step from ``S``
@@ -141,8 +143,7 @@ class _Tables:
         over the same range of ``m``), so the floored copy computes only these and shares the rest."""
         N = self.N
         differs = (self.GA[:N] != self.GA[N:]) | (self.UA[:N] != self.UA[N:])
-        if self.multi:
-            differs |= self.PA[:N] != self.PA[N:]
+        # (phi differs only where another class's gamma into the same member does: counted there)
         differs &= (np.arange(N, dtype=np.int64)[:, None] >> self.row_stream[None, :] & 1) == 0  # steps out of S
         own = differs.any(axis=1)
         for b in range(self.n):  # own[S] |= own[S + b]: every superset (superset-OR over the bits)
@@ -164,21 +165,21 @@ class _Tables:
         by_layer = np.argsort(pop, kind="stable")
         bounds = np.searchsorted(pop[by_layer], np.arange(n + 2))
         with np.errstate(invalid="ignore", over="ignore"):
-            ulo = uhi = self.UA[:N] * self.PA[:N]  # u phi of every step, the lowest and highest over the copies
-            if self.copies > 1:
-                uf = self.UA[N:] * self.PA[N:]
-                ulo, uhi = np.minimum(ulo, uf), np.maximum(uhi, uf)
-            ulo, uhi = ulo.ravel(), uhi.ravel()
+            ua = self.UA.ravel()
             for p in range(1, n - 1):  # every step out of a subset of p members (into one of p + 1 < n)
                 S = by_layer[bounds[p]:bounds[p + 1]]
-                vi = np.flatnonzero(np.isfinite(self.GA[S]))  # the steps (-inf: none)
+                vi = np.flatnonzero(np.isfinite(self.GA[S]))  # the steps (not finite: none)
                 si = vi // R
                 row = vi - si * R
                 Sv, c = S[si], self.row_class[row]
                 fi, fk = Sv * R + row, Sv * K + c
                 to = (Sv | self.row_bit[row]) * K + c
-                np.minimum.at(lo, to, ulo[fi] * lo[fk])
-                np.maximum.at(hi, to, uhi[fi] * hi[fk])
+                ulo = uhi = ua[fi] * self.phi(fi, row)  # u phi, the lowest and highest over the copies
+                if self.copies > 1:
+                    uf = ua[fi + N * R] * self.phi(fi + N * R, row)
+                    ulo, uhi = np.minimum(ulo, uf), np.maximum(uhi, uf)
+                np.minimum.at(lo, to, ulo * lo[fk])
+                np.maximum.at(hi, to, uhi * hi[fk])
         lo, hi = lo.reshape(N, K), hi.reshape(N, K)
         self.lo, self.hi = np.tile(lo, (self.copies, 1)), np.tile(hi, (self.copies, 1))
 
@@ -188,7 +189,8 @@ class _Tables:
         NN = self.copies * N
         self.starts = np.zeros((NN, K), dtype=np.int64)  # where (S, c)'s lines begin in the store
         self.counts = np.zeros((NN, K), dtype=np.int64)
-        self.store_a, self.store_b, self.used = np.empty(4 * N), np.empty(4 * N), 0
+        # room for 8 lines per subset and copy up front (np.empty: pages are only taken when written)
+        self.store_a, self.store_b, self.used = np.empty(8 * NN), np.empty(8 * NN), 0
         F = self.F = np.full((NN, K), np.inf)
         # other[S, c]: the lowest F of the classes other than c (F_other)
         other = self.other = np.full((NN, K), np.inf)
@@ -221,7 +223,7 @@ class _Tables:
         ``s``-th subset; the steps come in (subset, class, member) order, so every segment's candidates are
         contiguous."""
         K, m, R = self.K, S.size, self.R
-        g2 = self.GA[S]  # (m, rows); -inf: no step (no edge, or the member is in S)
+        g2 = self.GA[S]  # (m, rows); not finite: no step (-inf: no edge, NaN: the member is in S)
         vi = np.flatnonzero(np.isfinite(g2))
         if not vi.size:
             return
@@ -243,7 +245,7 @@ class _Tables:
             has = np.flatnonzero(np.isfinite(best))
             self._keep(S, has, best[has], np.zeros(has.size))
             return
-        gup = g * u * self.PA.ravel()[fi]
+        gup = g * u * self.phi(fi, row)
         ncont = self.counts.ravel()[fk]
         other = self.other.ravel()[fk]
         has = np.isfinite(other)
@@ -306,8 +308,10 @@ class _Tables:
         K, m, total = self.K, S.size, seg.size
         if self.used + total > self.store_a.size:
             size = max(2 * self.store_a.size, self.used + total)
-            self.store_a = np.resize(self.store_a, size)
-            self.store_b = np.resize(self.store_b, size)
+            for name in ("store_a", "store_b"):
+                grown = np.empty(size)
+                grown[:self.used] = getattr(self, name)[:self.used]
+                setattr(self, name, grown)
         self.store_a[self.used:self.used + total] = a
         self.store_b[self.used:self.used + total] = b
         counts = np.bincount(seg, minlength=K * m)
@@ -347,13 +351,13 @@ class _Tables:
         picked = []
         with np.errstate(invalid="ignore", over="ignore"):
             for _ in range(n - 1):
-                g2 = self.GA[S][:, by_member]  # (O, rows); -inf: no step
+                g2 = self.GA[S][:, by_member]  # (O, rows); not finite: no step
                 oi, k = np.nonzero(np.isfinite(g2))
                 row = by_member[k]
                 Sv = S[oi]
                 g = g2[oi, k]
                 u = self.UA[Sv, row]
-                phi = self.PA[Sv, row] if self.multi else np.ones(oi.size)
+                phi = self.phi(Sv * self.R + row, row)
                 c = c_of[k]
                 same = cprev[oi] == c
                 m_in = np.where(same, m_run[oi], 1.0)
