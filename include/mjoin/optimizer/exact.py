@@ -31,7 +31,7 @@ least with ``gamma`` floored at ``mjoin.optimizer.cost.GAMMA_FLOOR`` (``gamma_fl
 (``mjoin.optimizer.cost.search_with_gamma_floor``); what still ties (within ``mjoin.optimizer.cost.TIE_RTOL``)
 goes to the lexicographically first order by ``(r_1, c_1, ...)`` (``mjoin.optimizer.cost.tie_key``): the order
 is rebuilt step by step from the tables, taking at each step the smallest ``(r, c)`` whose best completion
-costs the optimum. The returned cost is the unfloored cost of the chosen order. The floored search runs in the
+costs the optimum (every start's order at once, one step of all of them per numpy pass). The returned cost is the unfloored cost of the chosen order. The floored search runs in the
 same DP as the unfloored one, as a second copy of the subsets: it computes only the subsets from which some step
 (of theirs or of a superset's) has other terms once floored, and shares the plain copy's lines everywhere else,
 both copies pruned over one range of ``m`` that covers either (on the optimizer benchmark's graphs it computes
@@ -39,9 +39,10 @@ both copies pruned over one range of ``m`` that covers either (on the optimizer 
 
 Tables, one row per subset (a layer gathers whole rows) and one column per (class, member) pair:
 ``GA[S, i], UA[S, i]`` = the representative (highest gamma, then lowest mu) edge from ``S`` of column ``i``'s class
-into its member (gamma -inf: none), built by adding one stream (the highest bit) at a time, and ``PA[S, i]``
-(``phi``) likewise. Memory about ``(3 sum_c |c| + 8 K) 2^n`` floats per copy plus the lines (n = 16, two classes
-of 16: 35 MB per copy).
+into its member (gamma -inf: none; NaN: the member is in ``S``, no step), built by adding one stream (the highest
+bit) at a time; ``phi`` of a step is the product of ``GA`` over its member's other columns, taken where a step
+needs it. Memory about ``(2 sum_c |c| + 8 K) 2^n`` floats per copy plus the lines (n = 16, two classes of 16:
+42 MB per copy).
 """
 from __future__ import annotations
 
