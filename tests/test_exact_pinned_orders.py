@@ -1,7 +1,7 @@
 """exact's orders on the optimizer benchmark's several-class random graphs stay the orders it chose before its DP was
 made faster (bench/optimizer/classes.py, "timing": the ``random`` shape, three predicate labels, seed 0, graphs 0-9
-of n = 8 and 12). The pins are a hash of every start's order, computed with the implementation before the speed-up
-; the property tests (test_optimize_properties.py) keep the cost equal to brute force.
+of n = 8 and 12). The pins are a hash of every start's order, computed with the implementation before the speed-up;
+the property tests (test_optimize_properties.py) keep the cost equal to brute force.
 
 Pure: no Spark.
 """
