@@ -589,6 +589,7 @@ def run_once(*, workload: str, system: str, rate: float, duration: int, work: Pa
     path = out / f"{workload}-{system}-{int(rate)}-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     shutil.rmtree(lake.root, ignore_errors=True)  # the landed feed can be gigabytes
+    shutil.rmtree(run_dir / "flink", ignore_errors=True)  # and Flink's CSV copies, checkpoints and results
     v = doc["verdict"]
     print(f"{system} {rate:,.0f}/s {duration}s: sustained={v['sustained']} p50={v['latency_p50_s']} "
           f"p99={v['latency_p99_s']} lag growth={v['lag_growth_second_half_s']} caught up after "
