@@ -112,3 +112,16 @@ def test_forecast_reports_the_lagging_series(seed_query):
     off = forecast(hist, as_of, length=60, config=OFF)
     assert off.statistics.meta["lagging"] == [] and off.statistics.lam("cu") < 0.75 * lam[-1]
     assert res.statistics.meta["config"]["lag"]["k"] == 3.0
+
+
+def test_a_trend_that_outruns_the_series_after_a_burst_becomes_the_last_value():
+    """A window emptying after a burst (the twoclass-burst run's s1 window_tuples): Holt's trend carries the decline
+    below 0 while the series sits at 12-17; the clipped 0 is more than 3 floors from the last value."""
+    y = np.array([2, 4, 6, 6, 10, 12, 14, 12, 15, 20, 16, 16, 12, 13, 133, 329, 539, 728, 915, 1120, 1180, 1101,
+                  894, 709, 523, 321, 138, 17, 17, 16, 16, 13, 12], dtype=float)
+    holt = forecast_series(y, "window_tuples", config=OFF)
+    assert holt["method"] == "holt" and holt["value"] == 0.0 and "clipped" in holt["reason"]
+    new = forecast_series(y, "window_tuples")
+    assert new["method"] == "last_value" and new["lagging"] and new["value"] == 12.0
+    assert "outran the series" in new["reason"] and "Eq. 71" in new["reason"]
+    assert LagBound().outruns(0.0, 12.0, "window_tuples") and not LagBound().outruns(0.0, 0.3, "lambda")

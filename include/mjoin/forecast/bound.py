@@ -135,3 +135,8 @@ class LagBound:
     def lags(self, errors, last: float, statistic: str) -> bool:
         """Eq. 71: the last one-step error is more than ``k`` spreads (False when nothing can be judged)."""
         return self.deviation(errors, last, statistic) > self.k
+
+    def outruns(self, clipped: float, last: float, statistic: str) -> bool:
+        """Eq. 71, second case: a Holt value clipped to its valid range more than ``k`` floors from the last value."""
+        floor = max(self.floor_rel * abs(last), self.floor_abs_gamma if statistic == "gamma" else self.floor_abs)
+        return abs(clipped - last) > self.k * floor

@@ -26,7 +26,8 @@ edge (``gamma``, ``mu``), over the last ``length`` cycles with ``cycle_start < a
   step Holt's trend overshoots, and one such series would fail the gate for the whole forecast.
   ``bound=None`` switches it off;
 - a Holt forecast that lags a level shift (``config.lag``, :class:`mjoin.forecast.bound.LagBound`, Eq. 71: the fit's
-  last one-step error more than ``k`` robust spreads of its earlier ones) -> the series' last value (method
+  last one-step error more than ``k`` robust spreads of its earlier ones, or a value clipped to its valid range more
+  than ``k`` floors from the last value) -> the series' last value (method
   ``last_value``, ``lagging`` True, the reason names the error): at a step or the start and end of a burst Holt's
   level follows by ``alpha`` of the error per cycle, the last value at once. ``lag=None`` switches it off;
 - prediction intervals at ``config.level``: ``Holt`` results carry none, so they come from
@@ -258,6 +259,10 @@ def forecast_series(y, statistic: str, horizon: int = 1, config: ForecastConfig 
         e, s = float(errors[-1]), config.lag.error_spread(errors, last, statistic)
         out = fallback(f"{method} lags a shift: its last one-step error {e:.6g} is {abs(e) / s:.3g} spreads "
                        f"({s:.3g}) > {config.lag.k:g} (Eq. 71): the last value", "last_value")
+        out["lagging"] = True
+    elif config.lag is not None and out["value"] != f and config.lag.outruns(out["value"], last, statistic):
+        out = fallback(f"{method} trend outran the series: {f:.6g} clipped to {out['value']:g}, more than "
+                       f"{config.lag.k:g} floors from the last value (Eq. 71): the last value", "last_value")
         out["lagging"] = True
     return out
 
