@@ -34,7 +34,8 @@ def replay_preset(work: Path, preset: str, doc: dict) -> dict:
     tau, length = int(doc["cycle_s"]), int(doc["length_L"])
     start, end = int(doc["loop_from"]), int(doc["interval"][1])
     offset = (int(doc["interval"][0]) - start) // tau
-    runs = [chain_costs(read_metrics(str(work / label / "engine" / "orders" / name / "metrics")), query.stream_names)
+    runs = [chain_costs(read_metrics(str(work / label / "engine" / "orders" / name / "metrics" / query.name)),
+                       query.stream_names)
             for name in doc["engine_orders"]]
     measured = {"rounds": [merge_runs(runs)], "batch_ids": list(range(1, int(doc["batches"]) + 1))}
     loop_orders = [tuple(query.stream_names)]
