@@ -392,10 +392,7 @@ class _Counter:
             if how == "mod":
                 out.append(ukeys & (L - 1) if L & (L - 1) == 0 else np.mod(ukeys, L))
             else:
-                w = range_width(self.span, self.em.key_ranges)
-                x = ukeys >> (w.bit_length() - 1) if w & (w - 1) == 0 else ukeys // w
-                np.maximum(x, 0, out=x)
-                out.append(np.minimum(x, L - 1, out=x))
+                out.append(self._labels_range(ukeys, L))
         return out
 
     def _joint_code(self, ukeys) -> np.ndarray:
