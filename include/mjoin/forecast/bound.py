@@ -37,6 +37,12 @@ def spread_of(values: np.ndarray, how: str) -> float:
     return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
 
 
+def spread_floor(bound, reference: float, statistic: str) -> float:
+    """The least spread a bound uses: ``max(floor_rel * |reference|, floor_abs)`` (``floor_abs_gamma`` for
+    ``gamma``), so that a flat or perfectly fitted history does not call every small change a shift."""
+    return max(bound.floor_rel * abs(reference), bound.floor_abs_gamma if statistic == "gamma" else bound.floor_abs)
+
+
 @dataclass(frozen=True)
 class Recent:
     """What a value is compared with: the recent history's median, range and (floored) spread."""
@@ -72,7 +78,7 @@ class ForecastBound:
         if not len(vals):
             return Recent(0, math.nan, math.nan, math.nan, math.nan)
         median = float(np.median(vals))
-        floor = max(self.floor_rel * abs(median), self.floor_abs_gamma if statistic == "gamma" else self.floor_abs)
+        floor = spread_floor(self, median, statistic)
         return Recent(len(vals), median, float(vals.min()), float(vals.max()),
                       max(spread_of(vals, self.spread), floor))
 
@@ -122,7 +128,7 @@ class LagBound:
         """The earlier errors' spread (all but the last, finite ones), floored (NaN without any)."""
         e = np.asarray(errors, dtype=float)[:-1]
         e = e[np.isfinite(e)]
-        floor = max(self.floor_rel * abs(last), self.floor_abs_gamma if statistic == "gamma" else self.floor_abs)
+        floor = spread_floor(self, last, statistic)
         return max(spread_of(e, self.spread), floor) if len(e) else math.nan
 
     def deviation(self, errors, last: float, statistic: str) -> float:
@@ -138,5 +144,5 @@ class LagBound:
 
     def outruns(self, clipped: float, last: float, statistic: str) -> bool:
         """Eq. 71, second case: a Holt value clipped to its valid range more than ``k`` floors from the last value."""
-        floor = max(self.floor_rel * abs(last), self.floor_abs_gamma if statistic == "gamma" else self.floor_abs)
+        floor = spread_floor(self, last, statistic)
         return abs(clipped - last) > self.k * floor
